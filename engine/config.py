@@ -1,0 +1,78 @@
+"""Engine and sampling configuration: plain dataclasses, validated once at the edge."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODES = ("sync", "async")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A configuration or request parameter is invalid; the message says which and why."""
+
+
+@dataclass
+class EngineConfig:
+    model: str = "smollm2-135m"
+    device: str = "auto"            # "auto" | "cpu" | "cuda" | "cuda:N"
+    dtype: str = "auto"             # "auto": bfloat16 on CUDA, float32 on CPU
+    mode: str = "async"             # "sync" | "async"
+    block_size: int = 16
+    num_blocks: int | None = None   # None: from kv_memory_fraction of free GPU memory (512 on CPU)
+    kv_memory_fraction: float = 0.5
+    max_batch_tokens: int = 2048    # per-step token budget (prefill chunks + decodes)
+    max_running: int = 64
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    seed: int = 0
+    attention: str = "auto"         # "auto" | "torch" | "triton"
+    cuda_graphs: bool = True        # decode steps replay CUDA graphs where the attention path allows it
+
+    def validate(self) -> "EngineConfig":
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.attention not in ("auto", "torch", "triton"):
+            raise ConfigError(f"attention must be auto, torch or triton, got {self.attention!r}")
+        for name in ("block_size", "max_batch_tokens", "max_running"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 2):
+            raise ConfigError(f"num_blocks must be an integer >= 2, got {self.num_blocks!r}")
+        if not 0.0 < self.kv_memory_fraction < 1.0:
+            raise ConfigError(f"kv_memory_fraction must be in (0, 1), got {self.kv_memory_fraction!r}")
+        return self
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 0.0        # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0                  # 0: off
+    seed: int | None = None         # None: drawn from the engine's own generator at submit
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+    def validate(self) -> "SamplingParams":
+        def bad(msg: str) -> ConfigError:
+            return ConfigError(f"invalid sampling parameters: {msg}")
+
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise bad(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or not (0.0 <= float(self.temperature) <= 100.0):
+            raise bad(f"temperature must be a number in [0, 100], got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < float(self.top_p) <= 1.0):
+            raise bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise bad(f"seed must be a non-negative integer or None, got {self.seed!r}")
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        self.stop = tuple(self.stop)
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop must be a sequence of non-empty strings")
+        return self

@@ -1,0 +1,135 @@
+"""One request's state inside the engine, and what callers get back from it."""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .config import SamplingParams
+
+FINISH_REASONS = ("eos", "length", "stop", "cancelled", "error")
+
+
+@dataclass
+class RequestOutput:
+    id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]            # generated tokens only, prompt excluded
+    text: str
+    finish_reason: str | None       # one of FINISH_REASONS once finished
+    error: str | None = None
+    arrival_ns: int = 0
+    first_token_ns: int | None = None
+    finish_ns: int | None = None
+
+
+@dataclass
+class TokenDelta:
+    """One streamed item: the tokens that became known at a step, and the text they complete."""
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Request:
+    id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int                       # the sampling seed actually used (params.seed or one drawn at submit)
+    arrival_ns: int = field(default_factory=time.perf_counter_ns)
+    output_ids: list[int] = field(default_factory=list)
+    # scheduling state: tokens whose KV is written or in flight, and sampled tokens not yet seen by the host
+    num_computed: int = 0
+    pending: int = 0
+    blocks: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    first_token_ns: int | None = None
+    finish_ns: int | None = None
+    text: str = ""
+    cancel_requested: bool = False
+
+    @property
+    def known_len(self) -> int:
+        """Tokens the host knows: prompt plus confirmed outputs."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def total_len(self) -> int:
+        """Tokens that exist or are being sampled right now (known plus in flight)."""
+        return self.known_len + self.pending
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def token_at(self, pos: int) -> int:
+        p = len(self.prompt_ids)
+        return self.prompt_ids[pos] if pos < p else self.output_ids[pos - p]
+
+    def output(self) -> RequestOutput:
+        return RequestOutput(self.id, list(self.prompt_ids), list(self.output_ids), self.text, self.finish_reason,
+                             self.error, self.arrival_ns, self.first_token_ns, self.finish_ns)
+
+
+class RequestHandle:
+    """Returned by `Engine.submit`: iterate it (threads) or `async for` over `astream()` to get TokenDeltas."""
+
+    def __init__(self, request_id: str, engine):
+        self.id = request_id
+        self._engine = engine
+        self._queue: queue.Queue[TokenDelta] = queue.Queue()
+        self._done = threading.Event()
+        self._output: RequestOutput | None = None
+        self._async_targets: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = []
+        self._lock = threading.Lock()
+
+    # called on the engine thread
+    def _push(self, delta: TokenDelta, output: RequestOutput | None = None) -> None:
+        with self._lock:
+            if output is not None:
+                self._output = output
+            self._queue.put(delta)
+            for loop, q in self._async_targets:
+                loop.call_soon_threadsafe(q.put_nowait, delta)
+        if delta.finished:
+            self._done.set()
+
+    def __iter__(self):
+        while True:
+            delta = self._queue.get()
+            yield delta
+            if delta.finished:
+                return
+
+    async def astream(self):
+        """Async iterator of TokenDeltas; consumes the same items the thread iterator would."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            while not self._queue.empty():       # items that arrived before we subscribed
+                q.put_nowait(self._queue.get_nowait())
+            self._async_targets.append((loop, q))
+        while True:
+            delta = await q.get()
+            yield delta
+            if delta.finished:
+                return
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} did not finish within {timeout} s")
+        assert self._output is not None
+        return self._output
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        self._engine.cancel(self.id)

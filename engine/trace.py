@@ -1,0 +1,60 @@
+"""What the engine tells its observers about each step: raw, unresolved, cheap to build.
+
+The engine records host spans with `time.perf_counter_ns()` and CUDA events on its streams; it never resolves
+event times itself (that is telemetry's job, and resolving only events already known complete keeps it free of
+synchronisation). A StepTrace is handed to observers once the step's outputs have been consumed, so every event
+in it has completed. Events belong to an IO slot that is re-recorded two steps later: observers must read them
+inside the callback, not keep them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+HOST_PHASES = ("schedule", "fill", "launch", "wait", "update")
+GPU_PHASES = ("h2d", "compute", "d2h")
+
+
+@dataclass
+class StepTrace:
+    step: int                       # increasing from 0
+    mode: str                       # "sync" | "async": the loop that ran this step
+    slot: int                       # IO slot 0 | 1
+    request_ids: list[str]
+    prefill_tokens: int             # prompt (or recompute) tokens computed in this step
+    decode_tokens: int              # one-token decodes in this step
+    sampled: int                    # rows sampled (requests that produced a token)
+    carried: int                    # decode inputs gathered on the device from the previous step's output
+    kv_blocks_used: int
+    kv_blocks_total: int
+    queue_depth: int                # requests waiting (not running) when the step was scheduled
+    running: int                    # requests holding KV blocks when the step was scheduled
+    # host spans, perf_counter_ns: schedule/fill/launch belong to building this step, wait/update to consuming it
+    host: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # CUDA events (start, end) per GPU phase; None on CPU. Complete when the trace is delivered.
+    gpu_events: dict[str, tuple[Any, Any]] | None = None
+    # (event, host perf_counter_ns) recorded when the device had no queued work: maps events to host time.
+    anchor: tuple[Any, int] | None = None
+    # the step the GPU was still running while this one was built (async overlap); None when it was idle
+    built_during_step: int | None = None
+    # step consumed in the same loop iteration that launched this one (async: step - 1); None in sync
+    consumed_at_launch: int | None = None
+    # request lifecycle seen by this step
+    arrivals: list[tuple[str, int, int]] = field(default_factory=list)        # (id, arrival_ns, prompt_tokens)
+    tokens: list[tuple[str, int]] = field(default_factory=list)               # (id, tokens delivered now)
+    finished: list[tuple[str, str, int, int]] = field(default_factory=list)   # (id, reason, prompt, output)
+    preempted: list[str] = field(default_factory=list)
+    error: str | None = None        # the exception text when this step failed (its requests failed with it)
+
+
+@dataclass
+class ModeChange:
+    """Delivered to observers (as a separate callback) when the loop switches at a step boundary."""
+    t_ns: int
+    step: int                       # the first step run by the new mode
+    from_mode: str
+    to_mode: str
+
+
+# An observer is called on the engine thread with a StepTrace after each step and a ModeChange at each switch.
+StepObserver = Callable[["StepTrace | ModeChange"], None]
