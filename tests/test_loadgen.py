@@ -1,0 +1,262 @@
+"""Load generation without a model: arrival processes, lengths, metrics, and bursts against a scripted engine."""
+import asyncio
+import random
+import statistics
+import threading
+import time
+
+import pytest
+
+from app.loadgen import (BurstManager, BurstSpec, Limits, LimitError, RequestTiming, arrival_offsets,
+                         burst_metrics, percentiles, plan_burst)
+from engine.request import TokenDelta
+
+LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=64, max_burst_requests=50, max_concurrent_bursts=2)
+
+
+class ScriptedHandle:
+    """Streams `n` one-token deltas, one per `step_s`, like an engine would."""
+
+    def __init__(self, engine, n, step_s, fail):
+        self.engine, self.n, self.step_s, self.fail = engine, n, step_s, fail
+        self.cancelled = False
+
+    async def astream(self):
+        if self.fail:
+            yield TokenDelta([], "", finished=True, finish_reason="error", error="scripted failure")
+            return
+        for i in range(self.n):
+            await asyncio.sleep(self.step_s)
+            if self.cancelled:
+                yield TokenDelta([], "", finished=True, finish_reason="cancelled")
+                return
+            last = i == self.n - 1
+            yield TokenDelta([7], "x", finished=last, finish_reason="length" if last else None)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class ScriptedEngine:
+    def __init__(self, step_s=0.001, fail_every=0, gate: threading.Event | None = None):
+        self.mode = "async"
+        self.step_s, self.fail_every, self.gate = step_s, fail_every, gate
+        self.submitted = []               # (mode, prompt, params)
+        self.modes = []
+        self.lock = threading.Lock()
+
+    def set_mode(self, mode):
+        self.modes.append(mode)
+        self.mode = mode
+
+    def submit(self, prompt, params):
+        if self.gate is not None:
+            self.gate.wait(10)
+        with self.lock:
+            self.submitted.append((self.mode, list(prompt), params))
+            n = len(self.submitted)
+        fail = self.fail_every and n % self.fail_every == 0
+        return ScriptedHandle(self, params.max_new_tokens, self.step_s, fail)
+
+
+class ScriptedTelemetry:
+    def __init__(self):
+        self.windows = []
+
+    def now_us(self):
+        return time.perf_counter_ns() / 1000
+
+    def summary(self, t0, t1):
+        self.windows.append((t0, t1))
+        return {"busy_pct": 42.0}
+
+
+def wait_state(get, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        d = get()
+        if d["state"] != "running":
+            return d
+        time.sleep(0.01)
+    raise AssertionError(f"still running: {d}")
+
+
+# ----------------------------------------------------------------------------------------------- pure functions
+
+def test_burst_arrivals_all_at_zero():
+    assert arrival_offsets(5, "burst", 10.0, 1.0, random.Random(0)) == [0.0] * 5
+
+
+def test_poisson_mean_gap_follows_rate():
+    offs = arrival_offsets(4001, "poisson", 20.0, 1.0, random.Random(1))
+    gaps = [b - a for a, b in zip(offs, offs[1:])]
+    assert offs[0] == 0.0 and all(g >= 0 for g in gaps)
+    assert statistics.mean(gaps) == pytest.approx(1 / 20.0, rel=0.1)
+
+
+def test_gamma_burstiness_changes_spread_not_mean():
+    def gaps(b):
+        offs = arrival_offsets(4001, "gamma", 10.0, b, random.Random(2))
+        return [y - x for x, y in zip(offs, offs[1:])]
+
+    bursty, regular = gaps(0.25), gaps(8.0)
+    assert statistics.mean(bursty) == pytest.approx(0.1, rel=0.15)
+    assert statistics.mean(regular) == pytest.approx(0.1, rel=0.15)
+    cv = lambda g: statistics.pstdev(g) / statistics.mean(g)  # noqa: E731
+    assert cv(bursty) > 1.5 > 0.5 > cv(regular)
+
+
+def test_same_seed_same_burst_and_lengths_in_range():
+    spec = BurstSpec.from_dict({"num_requests": 20, "prompt_tokens": [5, 9], "max_new_tokens": [3, 6],
+                                "arrival": "poisson", "rate": 50, "seed": 11}, LIMITS)
+    a, b = plan_burst(spec, 49152), plan_burst(spec, 49152)
+    assert [(p.offset_s, p.prompt, p.max_new_tokens, p.seed) for p in a] == \
+           [(p.offset_s, p.prompt, p.max_new_tokens, p.seed) for p in b]
+    assert all(5 <= len(p.prompt) <= 9 and 3 <= p.max_new_tokens <= 6 for p in a)
+    assert all(1000 <= t < 49152 for p in a for t in p.prompt)
+    other = plan_burst(BurstSpec.from_dict({**vars(spec), "seed": 12}, LIMITS), 49152)
+    assert [p.prompt for p in other] != [p.prompt for p in a]
+
+
+def test_spec_without_seed_gets_one_reported():
+    spec = BurstSpec.from_dict({"num_requests": 2}, LIMITS)
+    assert isinstance(spec.seed, int)
+
+
+@pytest.mark.parametrize("body, reason", [
+    ({"num_requests": 0}, "num_requests"),
+    ({"num_requests": 2.5}, "num_requests"),
+    ({"prompt_tokens": [10, 5]}, "greater than max"),
+    ({"prompt_tokens": [1]}, "[min, max]"),
+    ({"max_new_tokens": [0, 4]}, "max_new_tokens min"),
+    ({"arrival": "uniform"}, "arrival"),
+    ({"arrival": "poisson", "rate": 0}, "rate"),
+    ({"burstiness": float("nan")}, "burstiness"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"seed": -1}, "seed"),
+    ({"temperature": 5}, "temperature"),
+    ({"bogus": 1}, "unknown"),
+])
+def test_bad_specs_say_why(body, reason):
+    with pytest.raises(ValueError) as e:
+        BurstSpec.from_dict(body, LIMITS)
+    assert reason in str(e.value)
+
+
+@pytest.mark.parametrize("body", [{"num_requests": 51}, {"prompt_tokens": [1, 513]}, {"max_new_tokens": 65}])
+def test_over_limit_specs_are_limit_errors(body):
+    with pytest.raises(LimitError, match="limit"):
+        BurstSpec.from_dict(body, LIMITS)
+
+
+def test_percentiles_interpolate_like_numpy():
+    xs = list(range(1, 101))
+    p = percentiles(xs)
+    assert p == {"p50": 50.5, "p90": pytest.approx(90.1), "p99": pytest.approx(99.01)}
+    assert percentiles([]) == {"p50": None, "p90": None, "p99": None}
+    assert percentiles([3.0]) == {"p50": 3.0, "p90": 3.0, "p99": 3.0}
+
+
+def test_metrics_from_known_timings():
+    ms = 1_000_000
+    a = RequestTiming(sent_ns=0, chunks=[(10 * ms, 1), (20 * ms, 1), (40 * ms, 2)], finish_ns=40 * ms,
+                      prompt_tokens=8)
+    b = RequestTiming(sent_ns=0, error="boom")
+    m = burst_metrics([a, b], 0, 1000 * ms)
+    assert m["completed"] == 1 and m["failed"] == 1 and m["output_tokens"] == 4
+    assert m["ttft_ms"]["p50"] == pytest.approx(10.0)
+    assert m["e2e_ms"]["p50"] == pytest.approx(40.0)
+    assert m["tpot_ms"]["p50"] == pytest.approx(10.0)          # 30 ms over 3 further tokens
+    # gaps: 10 ms for one token, then 20 ms for a chunk of two -> 10, 10, 10
+    assert m["itl_ms"]["p99"] == pytest.approx(10.0) and m["itl_ms"]["mean"] == pytest.approx(10.0)
+    assert m["output_tokens_per_s"] == pytest.approx(4.0)
+    assert m["requests_per_s"] == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------------------------ running the bursts
+
+def test_burst_runs_to_done_with_results():
+    eng, tel = ScriptedEngine(), ScriptedTelemetry()
+    mgr = BurstManager(eng, LIMITS, vocab_size=49152, telemetry=tel)
+    bid = mgr.start_burst({"num_requests": 8, "prompt_tokens": [4, 6], "max_new_tokens": [3, 5],
+                           "arrival": "poisson", "rate": 500, "seed": 3})
+    d = wait_state(lambda: mgr.burst(bid))
+    assert d["state"] == "done" and d["done"] == d["total"] == 8
+    r = d["results"]
+    assert r["completed"] == 8 and r["busy_pct"] == 42.0 and len(tel.windows) == 1
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert set(r[key]) >= {"p50", "p90", "p99"} and r[key]["p50"] > 0
+    assert r["output_tokens"] == sum(p.max_new_tokens for p in plan_burst(BurstSpec.from_dict(
+        {"num_requests": 8, "prompt_tokens": [4, 6], "max_new_tokens": [3, 5], "arrival": "poisson",
+         "rate": 500, "seed": 3}, LIMITS), 49152))
+    assert r["output_tokens_per_s"] > 0 and r["requests_per_s"] > 0
+    assert all(p.ignore_eos and p.seed is not None for _, _, p in eng.submitted)
+    mgr.close()
+
+
+def test_failed_requests_are_counted_and_all_failed_is_an_error():
+    mgr = BurstManager(ScriptedEngine(fail_every=2), LIMITS, vocab_size=100)
+    bid = mgr.start_burst({"num_requests": 6, "seed": 1, "max_new_tokens": 2})
+    d = wait_state(lambda: mgr.burst(bid))
+    assert d["state"] == "done" and d["results"]["failed"] == 3 and d["results"]["completed"] == 3
+    assert d["results"]["errors"] == ["scripted failure"]
+    bid = mgr.start_burst({"num_requests": 3, "seed": 1, "max_new_tokens": 2})
+    mgr.engine.fail_every = 1
+    d = wait_state(lambda: mgr.burst(bid))
+    assert d["state"] == "error" and "scripted failure" in d["error"]
+    mgr.close()
+
+
+def test_concurrent_burst_cap_and_unknown_ids():
+    gate = threading.Event()
+    mgr = BurstManager(ScriptedEngine(gate=gate), LIMITS, vocab_size=100)
+    ids = [mgr.start_burst({"num_requests": 1, "max_new_tokens": 1}) for _ in range(2)]
+    with pytest.raises(LimitError, match="already running"):
+        mgr.start_burst({"num_requests": 1})
+    with pytest.raises(LimitError, match="engine to itself"):
+        mgr.start_ab({"num_requests": 1})
+    gate.set()
+    for i in ids:
+        assert wait_state(lambda: mgr.burst(i))["state"] == "done"
+    with pytest.raises(KeyError):
+        mgr.burst("b-nope")
+    with pytest.raises(KeyError):
+        mgr.ab("ab-nope")
+    mgr.close()
+
+
+def test_ab_runs_same_burst_sync_then_async_and_restores_mode():
+    eng, tel = ScriptedEngine(), ScriptedTelemetry()
+    mgr = BurstManager(eng, LIMITS, vocab_size=49152, telemetry=tel)
+    ab = mgr.start_ab({"num_requests": 5, "prompt_tokens": [3, 8], "max_new_tokens": [2, 4], "seed": 9})
+    d = wait_state(lambda: mgr.ab(ab))
+    assert d["state"] == "done", d
+    assert eng.modes == ["sync", "async", "async"] and eng.mode == "async"
+    sync = [(p, s.max_new_tokens, s.seed) for m, p, s in eng.submitted if m == "sync"]
+    asyn = [(p, s.max_new_tokens, s.seed) for m, p, s in eng.submitted if m == "async"]
+    assert len(sync) == 5 and sorted(sync) == sorted(asyn)
+    assert d["sync"]["completed"] == d["async"]["completed"] == 5
+    assert d["sync"]["busy_pct"] == 42.0
+    ratio = d["async"]["output_tokens_per_s"] / d["sync"]["output_tokens_per_s"]
+    assert d["speedup"] == pytest.approx(ratio)
+    assert mgr.burst(d["sync_burst"])["state"] == "done"
+    # while an A/B runs nothing else may start
+    eng.gate = threading.Event()
+    ab2 = mgr.start_ab({"num_requests": 1, "max_new_tokens": 1})
+    with pytest.raises(LimitError, match="A/B"):
+        mgr.start_burst({"num_requests": 1})
+    eng.gate.set()
+    assert wait_state(lambda: mgr.ab(ab2))["state"] == "done"
+    mgr.close()
+
+
+def test_close_cancels_running_bursts():
+    eng = ScriptedEngine(step_s=0.01)
+    mgr = BurstManager(eng, Limits(max_new_tokens=10_000), vocab_size=100)
+    bid = mgr.start_burst({"num_requests": 3, "max_new_tokens": 5000})
+    time.sleep(0.05)
+    mgr.close(timeout=10)
+    d = mgr.burst(bid)
+    assert d["state"] == "error" and d["error"] == "cancelled"
+    with pytest.raises(LimitError, match="shutting down"):
+        mgr.start_burst({"num_requests": 1})
