@@ -77,12 +77,37 @@ class Request:
                              self.error, self.arrival_ns, self.first_token_ns, self.finish_ns)
 
 
-class RequestHandle:
-    """Returned by `Engine.submit`: iterate it (threads) or `async for` over `astream()` to get TokenDeltas."""
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas without re-decoding everything each time, and without
+    emitting half a multi-byte character (it waits while the tail decodes to the replacement character)."""
 
-    def __init__(self, request_id: str, engine):
+    def __init__(self, decode):
+        self.decode = decode
+        self.ids: list[int] = []
+        self.prefix = 0     # tokens whose text is already emitted as context for the next decode
+        self.read = 0
+
+    def push(self, ids: list[int]) -> str:
+        if self.decode is None:
+            return ""
+        self.ids.extend(ids)
+        before = self.decode(self.ids[self.prefix:self.read])
+        after = self.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""
+
+
+class RequestHandle:
+    """Returned by `Engine.submit`: iterate it (threads) or `async for` over `astream()` to get TokenDeltas.
+    Text deltas are decoded here, on the consumer's thread, to keep detokenization off the engine's hot path."""
+
+    def __init__(self, request_id: str, engine, streaming: bool = True, detokenize=None):
         self.id = request_id
+        self.streaming = streaming
         self._engine = engine
+        self._decode = (lambda ids: detokenize(ids)) if detokenize is not None else None
         self._queue: queue.Queue[TokenDelta] = queue.Queue()
         self._done = threading.Event()
         self._output: RequestOutput | None = None
@@ -100,10 +125,19 @@ class RequestHandle:
         if delta.finished:
             self._done.set()
 
+    def _with_text(self, detok: IncrementalDetokenizer, delta: TokenDelta) -> TokenDelta:
+        text = detok.push(delta.token_ids)
+        if delta.finished and self._output is not None:
+            # the final text is authoritative (stop strings cut it): emit whatever the deltas have not
+            emitted = detok.decode(detok.ids[:detok.read]) if detok.decode else ""
+            text = self._output.text[len(emitted):] if self._output.text.startswith(emitted) else text
+        return TokenDelta(delta.token_ids, text, delta.finished, delta.finish_reason, delta.error)
+
     def __iter__(self):
+        detok = IncrementalDetokenizer(self._decode)
         while True:
             delta = self._queue.get()
-            yield delta
+            yield self._with_text(detok, delta)
             if delta.finished:
                 return
 
@@ -115,9 +149,10 @@ class RequestHandle:
             while not self._queue.empty():       # items that arrived before we subscribed
                 q.put_nowait(self._queue.get_nowait())
             self._async_targets.append((loop, q))
+        detok = IncrementalDetokenizer(self._decode)
         while True:
             delta = await q.get()
-            yield delta
+            yield self._with_text(detok, delta)
             if delta.finished:
                 return
 

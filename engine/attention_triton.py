@@ -1,0 +1,376 @@
+"""Triton paged attention: a split-K decode kernel and a varlen prefill kernel, both reading the paged KV cache.
+
+Shapes follow engine/attention.py: q [T, H, D] (any strides, last dim contiguous), caches
+[num_blocks, block_size, KVH, D], and an `AttentionMetadata` whose device tensors (query_start_loc, seq_lens,
+block_tables) are the only per-request inputs the kernels read. Nothing here reads a device value on the host, so
+both paths are free of host synchronisation, and the decode path is CUDA-graph capturable: its grid depends only on
+the batch size, the number of KV heads and a fixed number of splits.
+
+Grouped-query attention: one program serves all G = H / KVH query heads of one KV head. The G heads (and, in
+prefill, several query tokens) are stacked as the rows of one matrix, so every K/V tile is loaded from HBM once per
+KV head, not once per query head.
+
+Softmax runs online in the log2 domain (scores are pre-multiplied by scale * log2(e) so exp2 can be used).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+# A decode split handles at least this many keys: fewer would spend more on writing and re-reading the fp32
+# partial output (D floats per query head) than on the keys it saves.
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 64
+# Aim for this many decode programs per SM so that HBM has enough loads in flight and the last wave is short.
+PROGRAMS_PER_SM = 8
+DEFAULT_NUM_SMS = 132  # H200 / H100 SXM
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Shared inner step: attend a block of query rows to one tile of BLOCK_N keys gathered through the block table.
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head, v_head,
+                 stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, kv_end, window,
+                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                 ROW_MASK: tl.constexpr, USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+    k_pos = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = (k_pos >= kv_start) & (k_pos < kv_end)
+    # A tile may span several pages that are not adjacent in memory: look up each key's page.
+    page = tl.load(table_row + k_pos // BLOCK_SIZE, mask=col_ok, other=0).to(tl.int64)
+    slot = k_pos % BLOCK_SIZE
+    d = tl.arange(0, D_PAD)
+    if HEAD_DIM == D_PAD:
+        kv_mask = col_ok[:, None]
+    else:
+        kv_mask = col_ok[:, None] & (d[None, :] < HEAD_DIM)
+    k = tl.load(k_cache + k_head + page[:, None] * stride_kb + slot[:, None] * stride_ks + d[None, :],
+                mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    ok = col_ok[None, :]
+    if ROW_MASK:
+        # Causal (and sliding-window) limits differ per query row.
+        ok = ok & (k_pos[None, :] <= q_pos[:, None])
+        if USE_WINDOW:
+            ok = ok & (k_pos[None, :] > q_pos[:, None] - window)
+    s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row that has seen no allowed key yet keeps m = -inf; exponentiate against 0 then to avoid inf - inf.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_cache + v_head + page[:, None] * stride_vb + slot[:, None] * stride_vs + d[None, :],
+                mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Decode: one query token per request. Grid (B, KVH, NUM_SPLITS); each program attends G heads to one slice of
+# the request's context and writes a partial (normalised output + log-sum-exp); a second kernel merges the slices.
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _decode_split_kernel(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, part_out, part_lse, out,
+        qk_scale, window,
+        stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_bt, stride_ot, stride_oh,
+        NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        MIN_TILES: tl.constexpr, USE_WINDOW: tl.constexpr, DIRECT_OUT: tl.constexpr, PRECISION: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    row = tl.load(query_start_loc + b)
+    has_query = tl.load(query_start_loc + b + 1) > row
+    # A request without a query this step (a padded graph slot) gets an empty key range.
+    ctx = tl.where(has_query, tl.load(seq_lens + b), 0)
+    kv_start = 0
+    if USE_WINDOW:
+        kv_start = tl.maximum(ctx - window, 0)
+
+    # The split size is decided on the device from this request's own length: splits past the end get no tiles.
+    first_tile = kv_start // BLOCK_N
+    n_tiles = tl.cdiv(ctx, BLOCK_N) - first_tile
+    per_split = tl.maximum(tl.cdiv(n_tiles, NUM_SPLITS), MIN_TILES)
+    t0 = first_tile + split * per_split
+    t1 = tl.minimum(t0 + per_split, first_tile + n_tiles)
+
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    head = kvh * G + g
+    row_ok = g < G
+    q_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
+    qv = tl.load(q + row * stride_qt + head[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([G_PAD], dtype=tl.float32)
+    table_row = block_tables + b.to(tl.int64) * stride_bt
+    k_head = kvh * stride_kh
+    v_head = kvh * stride_vh
+    for t in range(t0, t1):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, qv, m_i, t, table_row, k_cache, v_cache, k_head, v_head,
+                                     stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, ctx, window,
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, False, USE_WINDOW, PRECISION)
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    if DIRECT_OUT:
+        # One split: the partial is the answer.
+        tl.store(out + row * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
+                 mask=q_mask & has_query)
+    else:
+        # An empty split stores lse = -inf (log2(0)), which the merge reads as weight 0.
+        part = (b * NUM_HEADS + head) * NUM_SPLITS + split
+        tl.store(part_lse + part, m_i + tl.log2(l_i), mask=row_ok)
+        tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, stride_ot, stride_oh,
+                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                         NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    row = tl.load(query_start_loc + b)
+    has_query = tl.load(query_start_loc + b + 1) > row
+    s = tl.arange(0, S_PAD)
+    d = tl.arange(0, D_PAD)
+    part = (b * NUM_HEADS + h) * NUM_SPLITS + s
+    lse = tl.load(part_lse + part, mask=s < NUM_SPLITS, other=float("-inf"))
+    live = lse > float("-inf")
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    # Empty splits never wrote their output slot: do not read it (it may hold NaN from torch.empty).
+    o = tl.load(part_out + part[:, None] * HEAD_DIM + d[None, :], mask=live[:, None] & (d[None, :] < HEAD_DIM),
+                other=0.0)
+    total = tl.sum(w, 0)
+    total = tl.where(total > 0, total, 1.0)
+    res = tl.sum(o * w[:, None], 0) / total
+    tl.store(out + row * stride_ot + h * stride_oh + d, res.to(out.dtype.element_ty),
+             mask=(d < HEAD_DIM) & has_query)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Prefill / mixed batches: varlen over query_start_loc, causal against the request's whole paged context.
+# Grid (T // BLOCK_Q + B, KVH). Request b owns query tiles starting at index qsl[b] // BLOCK_Q + b (a strictly
+# increasing sequence), so a program finds its request by binary search and its tile by subtraction; spare
+# programs find no rows and exit through empty loops. No host list is needed, and padding is at most B programs.
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _prefill_kernel(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        qk_scale, window, num_seqs,
+        stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_bt, stride_ot, stride_oh,
+        G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+        USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+    BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+
+    # Largest b with qsl[b] // BLOCK_Q + b <= pid.
+    lo = 0
+    hi = num_seqs
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        go_right = tl.load(query_start_loc + mid) // BLOCK_Q + mid <= pid
+        lo = tl.where(go_right, mid, lo)
+        hi = tl.where(go_right, hi, mid)
+    b = lo
+
+    q_start = tl.load(query_start_loc + b)
+    q_len = tl.load(query_start_loc + b + 1) - q_start
+    ctx = tl.load(seq_lens + b)
+    first_i = (pid - (q_start // BLOCK_Q + b)) * BLOCK_Q
+    n_rows = tl.minimum(q_len - first_i, BLOCK_Q)  # <= 0 for a spare program
+
+    # Row r is query token first_i + r // G_PAD of head kvh * G + r % G_PAD.
+    r = tl.arange(0, BLOCK_M)
+    i = first_i + r // G_PAD
+    g = r % G_PAD
+    d = tl.arange(0, D_PAD)
+    row_ok = (i < q_len) & (g < G)
+    io_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
+    tok = (q_start + i).to(tl.int64)
+    head = kvh * G + g
+    qv = tl.load(q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=io_mask, other=0.0)
+
+    # The chunk's queries sit at the end of the context (their K/V are already in the cache).
+    q_pos = ctx - q_len + i
+    first_pos = ctx - q_len + first_i
+    kv_end = tl.where(n_rows > 0, first_pos + n_rows, 0)
+    kv_start = 0
+    if USE_WINDOW:
+        kv_start = tl.maximum(first_pos - window + 1, 0)
+    # Tiles wholly at or before the first query position need no causal mask; the rest (the diagonal) do.
+    lo_tile = kv_start // BLOCK_N
+    mid_tile = tl.maximum(tl.minimum((first_pos + 1) // BLOCK_N, tl.cdiv(kv_end, BLOCK_N)), lo_tile)
+    hi_tile = tl.cdiv(kv_end, BLOCK_N)
+
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    table_row = block_tables + b.to(tl.int64) * stride_bt
+    k_head = kvh * stride_kh
+    v_head = kvh * stride_vh
+    for t in range(lo_tile, mid_tile):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, qv, q_pos, t, table_row, k_cache, v_cache, k_head, v_head,
+                                     stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, kv_end, window,
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, USE_WINDOW, USE_WINDOW, PRECISION)
+    for t in range(mid_tile, hi_tile):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, qv, q_pos, t, table_row, k_cache, v_cache, k_head, v_head,
+                                     stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, kv_end, window,
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, True, USE_WINDOW, PRECISION)
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    tl.store(out + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
+             mask=io_mask)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Host side: configuration and launches. Only shapes (host ints) are read here, never device values.
+# --------------------------------------------------------------------------------------------------------------
+def _pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_NUM_SMS
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 inputs must not be rounded to tf32 on the tensor cores: that would cost ~1e-3 relative error.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _decode_block_n(dtype: torch.dtype, head_dim: int) -> int:
+    return 64 if (dtype != torch.float32 and head_dim <= 128) else 32
+
+
+def decode_splits(max_model_len: int, block_size: int, batch_size: int | None = None,
+                  num_kv_heads: int | None = None, num_sms: int = DEFAULT_NUM_SMS) -> int:
+    """Number of decode splits (a fixed grid dimension, safe to bake into a CUDA graph).
+
+    From the longest context alone: enough splits that each covers at least MIN_KEYS_PER_SPLIT keys of a
+    max_model_len context. Given the batch shape too, it is capped at what the GPU needs to be filled
+    (PROGRAMS_PER_SM programs per SM): more would only add partial-output traffic. At run time each request uses
+    only as many of these splits as its own length calls for.
+    """
+    tile = max(_decode_block_n(torch.bfloat16, 128), block_size)
+    by_len = triton.cdiv(max(1, max_model_len), max(MIN_KEYS_PER_SPLIT, tile))
+    splits = min(by_len, MAX_SPLITS)
+    if batch_size is not None and num_kv_heads is not None:
+        splits = min(splits, triton.cdiv(PROGRAMS_PER_SM * num_sms, max(1, batch_size * num_kv_heads)))
+    return max(1, splits)
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"expected q [T, H, D] and caches [blocks, block_size, kv_heads, D], got "
+                         f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    if q.shape[1] % k_cache.shape[2] or q.shape[2] != k_cache.shape[3]:
+        raise ValueError(f"heads {q.shape[1]} must be a multiple of kv heads {k_cache.shape[2]}, head dims equal")
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("the KV cache's last dimension must be contiguous")
+    for name in ("query_start_loc", "seq_lens", "block_tables"):
+        if getattr(meta, name).dtype != torch.int32:
+            raise ValueError(f"meta.{name} must be int32")
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
+                 sliding_window: int | None = None, num_splits: int | None = None,
+                 block_n: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One query per request (rows with none are skipped). Capturable: the grid is (B, KVH, num_splits)."""
+    _check(q, k_cache, v_cache, meta)
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    T, H, D = q.shape
+    _, block_size, KVH, _ = k_cache.shape
+    B = meta.seq_lens.shape[0]
+    G = H // KVH
+    if num_splits is None:
+        num_splits = getattr(meta, "decode_splits", None) or decode_splits(
+            meta.block_tables.shape[1] * block_size, block_size, B, KVH, _num_sms(q.device))
+    block_n = block_n or _decode_block_n(q.dtype, D)
+    if out is None:
+        out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+    direct = num_splits == 1
+    if direct:
+        part_out = part_lse = out  # unused
+    else:
+        part_out = torch.empty((B, H, num_splits, D), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((B, H, num_splits), dtype=torch.float32, device=q.device)
+    D_PAD = _pow2(max(16, D))
+    _decode_split_kernel[(B, KVH, num_splits)](
+        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, part_out, part_lse, out,
+        scale * LOG2E, int(sliding_window or 0),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        meta.block_tables.stride(0), out.stride(0), out.stride(1),
+        NUM_HEADS=H, G=G, G_PAD=_pow2(max(16, G)), HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size,
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, MIN_TILES=max(1, MIN_KEYS_PER_SPLIT // block_n),
+        USE_WINDOW=bool(sliding_window), DIRECT_OUT=direct, PRECISION=_precision(q.dtype),
+        num_warps=4, num_stages=3 if q.element_size() <= 2 else 2)
+    if not direct:
+        _decode_merge_kernel[(B, H)](
+            part_out, part_lse, meta.query_start_loc, out, out.stride(0), out.stride(1),
+            NUM_HEADS=H, HEAD_DIM=D, D_PAD=D_PAD, NUM_SPLITS=num_splits, S_PAD=_pow2(num_splits),
+            num_warps=4 if D_PAD >= 128 else 2)
+    return out
+
+
+def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
+                  sliding_window: int | None = None, block_m: int | None = None, block_n: int | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Any mix of query lengths (prefill chunks and single decode tokens); causal against the paged context."""
+    _check(q, k_cache, v_cache, meta)
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    T, H, D = q.shape
+    _, block_size, KVH, _ = k_cache.shape
+    B = meta.seq_lens.shape[0]
+    G = H // KVH
+    G_PAD = _pow2(G)
+    D_PAD = _pow2(max(16, D))
+    wide = q.element_size() > 2 or D_PAD > 128
+    block_m = block_m or (64 if wide else 128)
+    block_n = block_n or (32 if wide else 64)
+    # Rows are (token, head) pairs: BLOCK_Q tokens x G_PAD heads, and at least 16 rows for the tensor cores.
+    block_q = max(1, block_m // G_PAD, 16 // G_PAD)
+    if out is None:
+        out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+    _prefill_kernel[(T // block_q + B, KVH)](
+        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
+        scale * LOG2E, int(sliding_window or 0), B,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        meta.block_tables.stride(0), out.stride(0), out.stride(1),
+        G=G, G_PAD=G_PAD, HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
+        SEARCH_STEPS=max(1, math.ceil(math.log2(max(B, 1)))) + 1, USE_WINDOW=bool(sliding_window),
+        PRECISION=_precision(q.dtype),
+        num_warps=4 if wide or block_q * G_PAD <= 64 else 8, num_stages=2 if wide else 3)
+    return out
+
+
+def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
+                           sliding_window: int | None = None) -> torch.Tensor:
+    """q [T, H, D] -> out [T, H, D]: the decode kernel when every request has one query, else the varlen one."""
+    if meta.max_query_len == 1:
+        return paged_decode(q, k_cache, v_cache, meta, scale, sliding_window)
+    return paged_prefill(q, k_cache, v_cache, meta, scale, sliding_window)

@@ -1,0 +1,219 @@
+"""The parts both loops are made of: build a step, launch it, consume it. The loops (loop.py) only order them.
+
+Everything here runs on the engine thread. Submissions and cancels arrive through a thread-safe inbox that is
+drained at the start of each build.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from .batch import fill_slot
+from .request import Request, RequestHandle, TokenDelta
+from .runner import Launched, ModelRunner
+from .scheduler import Scheduler, StepPlan
+from .trace import ModeChange, StepTrace
+
+now = time.perf_counter_ns
+
+
+@dataclass
+class Step:
+    """One step's life on the host: plan, launched work, and the host spans collected along the way."""
+    plan: StepPlan
+    mode: str
+    launched: Launched | None = None
+    host: dict = field(default_factory=dict)
+    built_during_step: int | None = None
+    consumed_at_launch: int | None = None
+    arrivals: list = field(default_factory=list)
+    batch: object = None
+    failed: bool = False
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, eos_ids: tuple[int, ...], detokenize,
+                 stop_checker):
+        self.scheduler, self.runner = scheduler, runner
+        self.eos_ids = frozenset(eos_ids)
+        self.detokenize = detokenize            # token ids -> text (final text of a finished request)
+        self.stop_checker = stop_checker        # (request) -> index where a stop string ends, or None
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.wakeup = threading.Event()
+        self.handles: dict[str, RequestHandle] = {}
+        self.requests: dict[str, Request] = {}
+        self.observers: list = []
+        self.step_counter = 0
+        self.requested_mode = "async"
+        self.closing = False
+        self._new_arrivals: list = []
+
+    # -- control ------------------------------------------------------------------------------------------------
+    def keep_running(self, mode: str) -> bool:
+        return not self.closing and self.requested_mode == mode
+
+    def idle(self) -> None:
+        """Nothing to do: sleep until a submission, a cancel, a mode switch or close."""
+        self.wakeup.wait(0.05)
+        self.wakeup.clear()
+
+    def notify(self, event) -> None:
+        for fn in list(self.observers):
+            try:
+                fn(event)
+            except Exception:               # an observer must never take the engine down
+                traceback.print_exc()
+
+    def mode_changed(self, from_mode: str, to_mode: str) -> None:
+        self.notify(ModeChange(now(), self.step_counter, from_mode, to_mode))
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "submit":
+                req, handle = item
+                self.requests[req.id] = req
+                self.handles[req.id] = handle
+                self.scheduler.add(req)
+                self._new_arrivals.append((req.id, req.arrival_ns, len(req.prompt_ids)))
+            elif kind == "cancel":
+                req = self.requests.get(item)
+                if req is not None and not req.finished:
+                    self._finish(req, "cancelled")
+
+    # -- build: schedule + fill ---------------------------------------------------------------------------------
+    def build(self, mode: str, in_flight: Step | None = None) -> Step | None:
+        t0 = now()
+        self._drain_inbox()
+        plan = self.scheduler.schedule(self.step_counter, in_flight.plan if in_flight else None)
+        if plan is None:
+            return None
+        self.step_counter += 1
+        overlapped = in_flight.plan.step if in_flight else None
+        step = Step(plan, mode, built_during_step=overlapped, consumed_at_launch=overlapped)
+        step.arrivals, self._new_arrivals = self._new_arrivals, []
+        t1 = now()
+        try:
+            slot = self.runner.slot_for(plan.step)
+            self.runner.wait_slot_free(slot)
+            step.batch = fill_slot(plan, slot, self.runner.block_size)
+        except Exception as exc:
+            self.fail(step, exc)
+            return None
+        step.host["schedule"] = (t0, t1)
+        step.host["fill"] = (t1, now())
+        return step
+
+    # -- launch -------------------------------------------------------------------------------------------------
+    def launch(self, step: Step, device_idle: bool) -> None:
+        t0 = now()
+        try:
+            step.launched = self.runner.launch(step.batch, device_idle)
+        except Exception as exc:
+            self.fail(step, exc)
+        step.host["launch"] = (t0, now())
+
+    # -- consume: wait + update ---------------------------------------------------------------------------------
+    def consume(self, step: Step) -> None:
+        if step.failed:
+            return
+        t0 = now()
+        try:
+            tokens = self.runner.wait(step.launched)
+            t1 = now()
+            delivered, finished = self._update(step.plan, tokens)
+        except Exception as exc:
+            self.fail(step, exc)
+            return
+        t2 = now()
+        step.host["wait"] = (t0, t1)
+        step.host["update"] = (t1, t2)
+        self._trace(step, delivered, finished, None)
+
+    def _update(self, plan: StepPlan, tokens: list[int]):
+        delivered, finished = [], []
+        t = now()
+        for row, seq in enumerate(plan.sampled):
+            req = seq.req
+            req.pending -= 1
+            if req.finished:
+                continue                 # learned one step late (EOS/stop/cancel): this extra token is dropped
+            tok = tokens[row]
+            req.output_ids.append(tok)
+            if req.first_token_ns is None:
+                req.first_token_ns = t
+            delivered.append((req.id, 1))
+            reason = None
+            if tok in self.eos_ids and not req.params.ignore_eos:
+                reason = "eos"
+            elif req.params.stop and self.stop_checker(req) is not None:
+                reason = "stop"
+            elif (len(req.output_ids) >= req.params.max_new_tokens
+                  or req.known_len >= self.scheduler.max_model_len):
+                reason = "length"
+            handle = self.handles.get(req.id)
+            if reason is None:
+                if handle is not None and handle.streaming:
+                    handle._push(TokenDelta([tok], ""))
+            else:
+                self._finish(req, reason, last_token=tok)
+                finished.append((req.id, reason, len(req.prompt_ids), len(req.output_ids)))
+        return delivered, finished
+
+    def _finish(self, req: Request, reason: str, error: str | None = None, last_token: int | None = None) -> None:
+        req.finish_reason, req.error, req.finish_ns = reason, error, now()
+        self.scheduler.remove(req)
+        cut = self.stop_checker(req) if reason == "stop" else None
+        req.text = self.detokenize(req.output_ids, cut)
+        handle = self.handles.pop(req.id, None)
+        self.requests.pop(req.id, None)
+        if handle is not None:
+            toks = [last_token] if last_token is not None and handle.streaming else []
+            handle._push(TokenDelta(toks, "", True, reason, error), req.output())
+
+    def fail(self, step: Step, exc: BaseException) -> None:
+        """A step raised: its requests fail with the reason; everyone else keeps going. A later step that
+        carried tokens from this one may hold some of them: their extra tokens are dropped as finished."""
+        step.failed = True
+        msg = f"{exc.__class__.__name__}: {exc}"
+        traceback.print_exception(exc)
+        finished = []
+        for seq in step.plan.seqs:
+            req = seq.req
+            if seq.sample:
+                req.pending = max(0, req.pending - 1)
+            if not req.finished:
+                self._finish(req, "error", error=msg)
+                finished.append((req.id, "error", len(req.prompt_ids), len(req.output_ids)))
+        self.runner.last_out = None
+        self._trace(step, [], finished, msg)
+
+    def _trace(self, step: Step, delivered, finished, error) -> None:
+        if not self.observers:
+            return
+        plan, la = step.plan, step.launched
+        batch = step.batch
+        decode = sum(1 for s in plan.seqs if _is_decode(s))
+        prefill = plan.num_tokens - decode
+        alloc = self.scheduler.allocator
+        self.notify(StepTrace(
+            step=plan.step, mode=step.mode, slot=plan.step % 2, request_ids=[s.req.id for s in plan.seqs],
+            prefill_tokens=prefill, decode_tokens=decode, sampled=len(plan.sampled),
+            carried=batch.num_carried if batch is not None else 0,
+            kv_blocks_used=alloc.num_used, kv_blocks_total=alloc.num_blocks,
+            queue_depth=plan.queue_depth, running=plan.running, host=step.host,
+            gpu_events=la.events.spans() if la is not None and la.events is not None else None,
+            anchor=la.anchor if la is not None else None,
+            built_during_step=step.built_during_step, consumed_at_launch=step.consumed_at_launch,
+            arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted, error=error))
+
+
+def _is_decode(seq) -> bool:
+    """A decode computes one token whose id was sampled by the engine (not part of the prompt being prefilled)."""
+    return seq.num_tokens == 1 and seq.start >= len(seq.req.prompt_ids)

@@ -1,0 +1,211 @@
+"""The Engine: loads a model, owns the background thread that runs the loops, and takes requests."""
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+import traceback
+from typing import Sequence
+
+import torch
+
+from . import attention
+from .config import ConfigError, EngineConfig, SamplingParams
+from .core import EngineCore
+from .kv_cache import BlockAllocator, KVCache, kv_bytes_per_token
+from .loop import LOOPS
+from .models import load_model, resolve_device, weight_bytes
+from .request import Request, RequestHandle, RequestOutput
+from .runner import ModelRunner
+from .scheduler import Scheduler
+
+Prompt = str | Sequence[int]
+
+
+class Engine:
+    """Continuous batching on a paged KV cache, in sync or async mode, switchable live."""
+
+    def __init__(self, config: EngineConfig | None = None, observer=None):
+        self.config = config = (config or EngineConfig()).validate()
+        self.device = resolve_device(config.device)
+        loaded = load_model(config, attention.register())
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.eos_token_ids = loaded.eos_token_ids
+        self.max_model_len = loaded.max_model_len
+        mcfg = self.model.config
+        dtype = self.model.dtype
+        num_blocks = config.num_blocks
+        if num_blocks is None:
+            num_blocks = (KVCache.blocks_for_memory(mcfg, config.block_size, dtype, self.device,
+                                                    config.kv_memory_fraction)
+                          if self.device.type == "cuda" else 512)
+        self.kv = KVCache(mcfg, num_blocks, config.block_size, dtype, self.device)
+        kernel = config.attention
+        if kernel == "auto":
+            kernel = "triton" if self.device.type == "cuda" and _triton_available() else "torch"
+        self.kernel = kernel
+        max_blocks = -(-self.max_model_len // config.block_size)
+        self.allocator = BlockAllocator(num_blocks)
+        scheduler = Scheduler(self.allocator, config.block_size, config.max_batch_tokens, config.max_running,
+                              self.max_model_len)
+        runner = ModelRunner(self.model, self.kv, self.device, config.max_batch_tokens, config.max_running,
+                             max_blocks, kernel)
+        self._core = EngineCore(scheduler, runner, self.eos_token_ids, self._detokenize, self._stop_at)
+        self._core.requested_mode = config.mode
+        self._rng = random.Random(config.seed)
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.info = self._describe(num_blocks)
+        if observer is not None:
+            self.add_observer(observer)
+        self._thread = threading.Thread(target=self._run, name="batchscope-engine", daemon=True)
+        self._thread.start()
+
+    # -- public API ---------------------------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return self._core.requested_mode
+
+    def set_mode(self, mode: str) -> None:
+        """Takes effect at the next step boundary (the async loop drains its in-flight step first)."""
+        if mode not in LOOPS:
+            raise ConfigError(f"mode must be one of {tuple(LOOPS)}, got {mode!r}")
+        self._core.requested_mode = mode
+        self._core.wakeup.set()
+
+    def add_observer(self, fn) -> None:
+        self._core.observers = self._core.observers + [fn]
+
+    def remove_observer(self, fn) -> None:
+        self._core.observers = [o for o in self._core.observers if o is not fn]
+
+    def submit(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
+               stream: bool = True) -> RequestHandle:
+        """Queue a request from any thread. Raises ConfigError at once for a request that can never run."""
+        if self._core.closing:
+            raise RuntimeError("engine is closed")
+        params = (params or SamplingParams()).validate()
+        ids = self._prompt_ids(prompt)
+        need = min(len(ids) + params.max_new_tokens, self.max_model_len)
+        capacity = self.kv.num_blocks * self.kv.block_size
+        if need > capacity:
+            raise ConfigError(f"prompt ({len(ids)} tokens) plus max_new_tokens ({params.max_new_tokens}) needs "
+                              f"{need} KV slots, but the cache holds {capacity}: it could never run")
+        with self._lock:
+            rid = request_id or f"req-{next(self._ids)}"
+            seed = params.seed if params.seed is not None else self._rng.getrandbits(31)
+        req = Request(rid, ids, params, seed)
+        handle = RequestHandle(rid, self, streaming=stream, detokenize=self._detokenize)
+        self._core.inbox.put(("submit", (req, handle)))
+        self._core.wakeup.set()
+        return handle
+
+    def cancel(self, request_id: str) -> None:
+        self._core.inbox.put(("cancel", request_id))
+        self._core.wakeup.set()
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Batch use: submit all prompts, wait, return outputs in input order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ConfigError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+        handles = [self.submit(p, sp, stream=False) for p, sp in zip(prompts, plist)]
+        return [h.result() for h in handles]
+
+    def stats(self) -> dict:
+        s = self._core.scheduler
+        return {"mode": self.mode, "waiting": len(s.waiting), "running": len(s.running),
+                "kv_blocks_used": self.allocator.num_used, "kv_blocks_total": self.allocator.num_blocks,
+                "steps": self._core.step_counter}
+
+    def close(self) -> None:
+        self._core.closing = True
+        self._core.wakeup.set()
+        self._thread.join(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- the engine thread --------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        core = self._core
+        mode = core.requested_mode
+        with torch.inference_mode(), core.runner.stream_context():
+            while not core.closing:
+                if core.requested_mode != mode:
+                    core.mode_changed(mode, core.requested_mode)
+                    mode = core.requested_mode
+                try:
+                    LOOPS[mode](core)
+                except Exception:       # a bug outside any step: report it and keep serving
+                    traceback.print_exc()
+                    time.sleep(0.01)
+        # closing: whatever never ran is cancelled so that no caller waits forever
+        core._drain_inbox()
+        for req in list(core.scheduler.running) + list(core.scheduler.waiting):
+            core._finish(req, "cancelled")
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ConfigError("this checkpoint has no tokenizer: pass token ids")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            try:
+                ids = [int(t) for t in prompt]
+            except (TypeError, ValueError):
+                raise ConfigError("a prompt is a string or a list of token ids") from None
+        if not ids:
+            raise ConfigError("prompt is empty")
+        vocab = self.model.get_input_embeddings().weight.shape[0]
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ConfigError(f"prompt token ids must be in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise ConfigError(f"prompt has {len(ids)} tokens; the model takes at most {self.max_model_len - 1}")
+        return ids
+
+    def _detokenize(self, ids: list[int], cut: int | None = None) -> str:
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return text if cut is None else text[:cut]
+
+    def _stop_at(self, req: Request) -> int | None:
+        """Where the first stop string starts in the output text, or None. Decodes only on requests with stops."""
+        if not req.params.stop or self.tokenizer is None:
+            return None
+        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+        hits = [text.find(s) for s in req.params.stop if s in text]
+        return min(hits) if hits else None
+
+    def _describe(self, num_blocks: int) -> dict:
+        mcfg = self.model.config
+        return {
+            "model": self.config.model, "device": str(self.device), "dtype": str(self.model.dtype).replace("torch.", ""),
+            "gpu_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+            "num_params": sum(p.numel() for p in self.model.parameters()),
+            "weight_bytes": weight_bytes(self.model),
+            "kv_bytes_per_token": kv_bytes_per_token(mcfg, self.model.dtype),
+            "num_layers": mcfg.num_hidden_layers, "num_kv_heads": self.kv.kv_heads, "head_dim": self.kv.head_dim,
+            "vocab_size": self.model.get_input_embeddings().weight.shape[0],
+            "block_size": self.config.block_size, "num_blocks": num_blocks,
+            "max_batch_tokens": self.config.max_batch_tokens, "max_running": self.config.max_running,
+            "max_model_len": self.max_model_len, "attention": self.kernel,
+        }
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        from . import attention_triton  # noqa: F401
+        return True
+    except Exception:
+        return False

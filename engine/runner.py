@@ -1,0 +1,154 @@
+"""Tensors in, tokens out: the model forward and sampling on three CUDA streams ordered by events.
+
+    H2D stream:      wait(slot's last compute done) -> copy packs host->device -> record h2d_end
+    compute stream:  wait(h2d_end) -> gather carried tokens -> forward -> sample -> record compute_end
+    D2H stream:      wait(compute_end) -> copy sampled tokens device->host -> record d2h_end
+The host blocks in exactly one place, `wait()`, on d2h_end. On CPU there are no streams or events: `launch()`
+runs the step to completion and `wait()` returns at once, which keeps both loops valid there.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .attention import AttentionMetadata
+from .batch import Batch, IoSlot
+from .kv_cache import KVCache
+from .sampler import sample
+
+EVENT_NAMES = ("h2d_start", "h2d_end", "compute_start", "compute_end", "d2h_start", "d2h_end")
+
+
+class SlotEvents:
+    """Pre-allocated timing events of one IO slot, re-recorded every other step."""
+
+    def __init__(self):
+        for name in EVENT_NAMES:
+            setattr(self, name, torch.cuda.Event(enable_timing=True))
+        self.anchor = torch.cuda.Event(enable_timing=True)
+        self.used = False          # whether this slot has been launched at least once
+
+    def spans(self) -> dict:
+        return {"h2d": (self.h2d_start, self.h2d_end), "compute": (self.compute_start, self.compute_end),
+                "d2h": (self.d2h_start, self.d2h_end)}
+
+
+@dataclass
+class Launched:
+    """A step on its way through the device."""
+    batch: Batch
+    events: SlotEvents | None
+    anchor: tuple[object, int] | None
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, max_tokens: int,
+                 max_seqs: int, max_blocks: int, kernel: str):
+        self.model, self.kv, self.device, self.kernel = model, kv, device, kernel
+        self.base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.lm_head = model.get_output_embeddings()
+        self.vocab = self.lm_head.weight.shape[0]
+        self.block_size = kv.block_size
+        self.slots = [IoSlot(i, max_tokens, max_seqs, max_blocks, device) for i in range(2)]
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.h2d_stream = torch.cuda.Stream(device)
+            self.compute_stream = torch.cuda.Stream(device)
+            self.d2h_stream = torch.cuda.Stream(device)
+            self.events = [SlotEvents(), SlotEvents()]
+        self.last_out: torch.Tensor | None = None    # device output of the last launched step (carry source)
+
+    def slot_for(self, step: int) -> IoSlot:
+        return self.slots[step % 2]
+
+    def wait_slot_free(self, slot: IoSlot) -> None:
+        """Write-after-read guard: the host may rewrite a slot's pinned buffers only once its H2D copy is done."""
+        if self.cuda and self.events[slot.index].used:
+            self.events[slot.index].h2d_end.synchronize()
+
+    # -- launch -------------------------------------------------------------------------------------------------
+    def launch(self, batch: Batch, device_idle: bool) -> Launched:
+        slot = batch.slot
+        if not self.cuda:
+            self._compute(batch, self.last_out)
+            slot.host_out[:len(batch.plan.sampled)].copy_(slot.out_tokens[:len(batch.plan.sampled)])
+            self.last_out = slot.out_tokens
+            return Launched(batch, None, None)
+
+        ev = self.events[slot.index]
+        anchor = None
+        n64, n32, nf = batch.sizes
+        S = len(batch.plan.sampled)
+        with torch.cuda.stream(self.h2d_stream):
+            if device_idle:
+                # Nothing is queued on the device: this event completes almost at once, so it pins the GPU
+                # clock to the host clock for telemetry.
+                anchor = (ev.anchor, time.perf_counter_ns())
+                ev.anchor.record()
+            if ev.used:
+                self.h2d_stream.wait_event(ev.compute_end)   # the previous step on this slot has read it
+            ev.h2d_start.record()
+            slot.dev64[:n64].copy_(slot.host64[:n64], non_blocking=True)
+            slot.dev32[:n32].copy_(slot.host32[:n32], non_blocking=True)
+            slot.devf[:nf].copy_(slot.hostf[:nf], non_blocking=True)
+            ev.h2d_end.record()
+        prev_out = self.last_out
+        with torch.cuda.stream(self.compute_stream):
+            self.compute_stream.wait_event(ev.h2d_end)
+            if ev.used:
+                self.compute_stream.wait_event(ev.d2h_end)   # out_tokens of this slot already copied out
+            ev.compute_start.record()
+            self._compute(batch, prev_out)
+            ev.compute_end.record()
+        with torch.cuda.stream(self.d2h_stream):
+            self.d2h_stream.wait_event(ev.compute_end)
+            ev.d2h_start.record()
+            slot.host_out[:S].copy_(slot.out_tokens[:S], non_blocking=True)
+            ev.d2h_end.record()
+        ev.used = True
+        self.last_out = slot.out_tokens
+        return Launched(batch, ev, anchor)
+
+    def _compute(self, batch: Batch, prev_out: torch.Tensor | None) -> None:
+        """Runs on the compute stream: carry-over gather first, then forward and sampling."""
+        input_ids = batch.view("input_ids")
+        if batch.num_carried:
+            # Placeholders become the tokens sampled by the previous step, still on the device.
+            rows = batch.view("carry_rows")
+            input_ids = torch.where(rows >= 0, prev_out[rows.clamp(min=0)], input_ids)
+        B = batch.layout.B
+        meta = AttentionMetadata(
+            slot_mapping=batch.view("slot_mapping"),
+            query_start_loc=batch.view("query_start_loc"),
+            seq_lens=batch.view("seq_lens"),
+            block_tables=batch.view("block_tables").view(B, batch.layout.max_blocks),
+            query_start_host=batch.query_start_host,
+            seq_lens_host=batch.seq_lens_host,
+            max_query_len=batch.max_query_len,
+            max_seq_len=batch.max_seq_len,
+            kv_caches=self.kv.layers,
+            kernel=self.kernel,
+        )
+        with torch.inference_mode():
+            hidden = self.base(input_ids=input_ids[None], position_ids=batch.view("positions")[None],
+                               use_cache=False, batchscope=meta).last_hidden_state[0]
+            S = batch.layout.S
+            if S:
+                logits = self.lm_head(hidden.index_select(0, batch.view("sample_idx")))
+                tokens = sample(logits, batch.view("temperature"), batch.view("top_p"), batch.view("top_k"),
+                                batch.view("seeds"), batch.view("sample_pos"), batch.any_random, batch.any_filter)
+                batch.slot.out_tokens[:S].copy_(tokens)
+
+    # -- wait ---------------------------------------------------------------------------------------------------
+    def wait(self, launched: Launched) -> list[int]:
+        """The one place the host blocks on the device."""
+        if launched.events is not None:
+            launched.events.d2h_end.synchronize()
+        S = len(launched.batch.plan.sampled)
+        return launched.batch.slot.host_out[:S].tolist()
+
+    def stream_context(self):
+        return torch.cuda.stream(self.compute_stream) if self.cuda else contextlib.nullcontext()

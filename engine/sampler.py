@@ -1,0 +1,53 @@
+"""Sampling on the device: greedy, temperature, top-k, top-p, with per-request counter-based randomness.
+
+Each sampled token uses Gumbel-max noise hashed from (seed, position, vocab id), so a seeded request's tokens
+depend only on its seed, its logits and its position: never on its batch-mates, the step it lands in, or the
+mode. No torch.Generator state, no host round trip.
+"""
+from __future__ import annotations
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer on int64 tensors (values kept in [0, 2^32))."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    x = x ^ (x >> 16)
+    return x
+
+
+def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[S] seeds x [S] positions -> [S, vocab] uniforms in (0, 1), a pure function of its inputs."""
+    ids = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    row = _hash32(_hash32(seeds) ^ ((positions * 0x9E3779B1) & _MASK32))
+    bits = _hash32(row[:, None] ^ ((ids[None, :] * 0x85EBCA77) & _MASK32))
+    return (bits.to(torch.float32) + 0.5) / 4294967296.0
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+           seeds: torch.Tensor, positions: torch.Tensor, any_random: bool, any_filter: bool) -> torch.Tensor:
+    """logits [S, V] -> token ids [S]. `any_random`/`any_filter` are host facts about the batch that let
+    all-greedy batches skip the noise and sort entirely."""
+    logits = logits.float()
+    greedy = logits.argmax(dim=-1)
+    if not any_random:
+        return greedy
+    scaled = logits / temperature.clamp(min=1e-6)[:, None]
+    if any_filter:
+        sorted_logits, order = scaled.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # keep the smallest prefix whose mass reaches top_p (the top token always survives)
+        drop = (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+        ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+        drop |= (top_k[:, None] > 0) & (ranks >= top_k[:, None])
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        scaled = torch.empty_like(scaled).scatter_(-1, order, sorted_logits)
+    gumbel = -torch.log(-torch.log(uniform_noise(seeds, positions, logits.shape[-1])))
+    sampled = (scaled + gumbel).argmax(dim=-1)
+    return torch.where(temperature > 0, sampled, greedy)

@@ -1,0 +1,164 @@
+"""Who runs next: FCFS continuous batching over a token budget, with chunked prefill and preemption.
+
+Plain Python over Request objects; it never touches the device. It knows about the async pipeline only through
+`Request.pending` (a sampled token the host has not seen yet): such a request's next input is carried from the
+previous step's output on the device, and a request whose last allowed token is in flight is not scheduled again.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .kv_cache import BlockAllocator
+from .request import Request
+
+
+@dataclass
+class ScheduledSeq:
+    req: Request
+    start: int              # first position computed in this step
+    num_tokens: int         # positions [start, start + num_tokens)
+    sample: bool            # the step samples this request's next token
+    carry_row: int = -1     # >= 0: the single input token is row `carry_row` of the previous step's output
+
+
+@dataclass
+class StepPlan:
+    step: int
+    seqs: list[ScheduledSeq]
+    queue_depth: int
+    running: int
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs)
+
+    @property
+    def sampled(self) -> list[ScheduledSeq]:
+        return [s for s in self.seqs if s.sample]
+
+
+class Scheduler:
+    def __init__(self, allocator: BlockAllocator, block_size: int, max_batch_tokens: int, max_running: int,
+                 max_model_len: int):
+        self.allocator = allocator
+        self.block_size = block_size
+        self.max_batch_tokens = max_batch_tokens
+        self.max_running = max_running
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    # -- bookkeeping --------------------------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, req: Request) -> None:
+        """Forget a finished request and give its blocks back. Safe while one of its steps is in flight: the
+        device runs steps in order, so a block reused by a later step is written only after that step is done."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.allocator.free(req.blocks)
+        req.blocks = []
+
+    def _length_capped(self, req: Request) -> bool:
+        """True when the tokens already sampled (seen or in flight) are all this request may produce."""
+        return (len(req.output_ids) + req.pending >= req.params.max_new_tokens
+                or req.total_len >= self.max_model_len)
+
+    def _blocks_needed(self, req: Request, upto: int) -> int:
+        return max(0, -(-upto // self.block_size) - len(req.blocks))
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute-style preemption: drop the KV, keep the tokens. An in-flight token stays valid (its step
+        already read the old blocks) and is appended when it arrives; the request waits for it before resuming."""
+        self.running.remove(req)
+        self.allocator.free(req.blocks)
+        req.blocks = []
+        req.num_computed = 0
+        # back to the front, oldest first, so a preempted request is the next one admitted (no starvation)
+        idx = 0
+        while idx < len(self.waiting) and self.waiting[idx].arrival_ns < req.arrival_ns:
+            idx += 1
+        self.waiting.insert(idx, req)
+
+    # -- one step -----------------------------------------------------------------------------------------------
+    def schedule(self, step: int, previous: StepPlan | None) -> StepPlan | None:
+        """Plan step `step`. `previous` is the step still in flight (async) whose sampled rows can be carried."""
+        carry_rows = {}
+        if previous is not None:
+            carry_rows = {s.req.id: row for row, s in enumerate(previous.sampled)}
+        budget = self.max_batch_tokens
+        seqs: list[ScheduledSeq] = []
+        scheduled: set[str] = set()
+        preempted: list[str] = []
+        queue_depth, running_now = len(self.waiting), len(self.running)
+
+        def plan_for(req: Request) -> ScheduledSeq | None:
+            todo = req.total_len - req.num_computed
+            n = min(todo, budget)
+            if n <= 0:
+                return None
+            sample = req.num_computed + n == req.total_len
+            if sample and self._length_capped(req):
+                return None
+            carry = -1
+            if req.pending:
+                if req.id not in carry_rows:     # its token comes from a step we cannot carry from
+                    return None
+                if req.num_computed + 1 != req.total_len:
+                    return None                  # recompute must wait until the in-flight token is known
+                n, carry = 1, carry_rows[req.id]
+            return ScheduledSeq(req, req.num_computed, n, sample, carry)
+
+        # 1) running requests first, in admission order
+        for req in list(self.running):
+            if req not in self.running or budget <= 0:
+                continue
+            seq = plan_for(req)
+            if seq is None:
+                continue
+            need = self._blocks_needed(req, seq.start + seq.num_tokens)
+            while need > self.allocator.num_free:
+                victims = [r for r in self.running if r.id not in scheduled and r is not req]
+                victim = victims[-1] if victims else req
+                self._preempt(victim)
+                preempted.append(victim.id)
+                if victim is req:
+                    break
+            if req not in self.running:
+                continue
+            req.blocks += self.allocator.allocate(need)
+            seqs.append(seq)
+            scheduled.add(req.id)
+            budget -= seq.num_tokens
+
+        # 2) admit waiting requests, oldest first, while the budget, max_running and free blocks allow
+        while self.waiting and budget > 0 and len(self.running) < self.max_running and not preempted:
+            req = self.waiting[0]
+            seq = plan_for(req)
+            if seq is None:
+                break                            # head of line waits (e.g. for its in-flight token)
+            need = self._blocks_needed(req, seq.start + seq.num_tokens)
+            if need > self.allocator.num_free:
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            req.blocks += self.allocator.allocate(need)
+            seqs.append(seq)
+            scheduled.add(req.id)
+            budget -= seq.num_tokens
+
+        if not seqs:
+            return None
+        for seq in seqs:
+            seq.req.num_computed += seq.num_tokens
+            if seq.sample:
+                seq.req.pending += 1
+        return StepPlan(step, seqs, queue_depth, running_now, preempted)

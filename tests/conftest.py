@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny models and the transformers reference they are checked against."""
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from engine import EngineConfig  # noqa: E402
+from engine.models import load_model  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not CUDA:
+            item.add_marker(skip_gpu)
+
+
+def reference_generate(model, prompt_ids: list[int], max_new_tokens: int, eos_token_id: int | None) -> list[int]:
+    """transformers' own greedy generate for one prompt (no padding), generated tokens only."""
+    ids = torch.tensor([prompt_ids], device=model.device)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=eos_token_id if eos_token_id is not None else -1,
+                             pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def random_prompts(n: int, vocab: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def tiny_reference():
+    """The tiny-random preset's weights under transformers' own attention."""
+    return load_model(EngineConfig(model="tiny-random", device="cpu", dtype="float32", seed=0)).model
+
+
+@pytest.fixture(scope="session")
+def qwen3_checkpoint(tmp_path_factory):
+    """A tiny random Qwen3 (grouped KV heads, q/k norms) saved as a local checkpoint, with an EOS token that
+    greedy decoding actually produces, so EOS-on paths get exercised."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                      initializer_range=0.2, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None)
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    prompts = random_prompts(8, 512, 3, 40, seed=5)
+    counts: dict[int, int] = {}
+    for p in prompts:
+        for t in reference_generate(model, p, 24, None)[2:20]:
+            counts[t] = counts.get(t, 0) + 1
+    eos = max(counts, key=counts.get)
+    model.config.eos_token_id = eos
+    model.generation_config.eos_token_id = eos
+    path = tmp_path_factory.mktemp("qwen3-tiny")
+    model.save_pretrained(path)
+    return str(path), model, eos

@@ -1,0 +1,114 @@
+"""Greedy tokens equal transformers' own generate: in sync, in async, and with the mode switched live."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from conftest import random_prompts, reference_generate
+from engine import Engine, EngineConfig, SamplingParams
+
+
+def _switcher(engine: Engine, every_steps: int, stop: threading.Event) -> threading.Thread:
+    """Flips the mode from another thread every few engine steps."""
+    def run():
+        last = 0
+        while not stop.is_set():
+            steps = engine.stats()["steps"]
+            if steps - last >= every_steps:
+                engine.set_mode("sync" if engine.mode == "async" else "async")
+                last = steps
+            stop.wait(0.0005)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _generate(engine: Engine, prompts, params, mode: str):
+    if mode != "switch":
+        engine.set_mode(mode)
+        return engine.generate(prompts, params)
+    stop = threading.Event()
+    t = _switcher(engine, 3, stop)
+    try:
+        return engine.generate(prompts, params)
+    finally:
+        stop.set()
+        t.join()
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    eng = Engine(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
+                              num_blocks=256, max_batch_tokens=256, max_running=32, seed=0))
+    yield eng
+    eng.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "switch"])
+def test_tiny_random_greedy_equals_transformers(tiny_engine, tiny_reference, mode):
+    prompts = random_prompts(10, 49152, 1, 70, seed=11)
+    lengths = [5, 17, 9, 24, 12, 3, 30, 8, 20, 14]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths]
+    outs = _generate(tiny_engine, prompts, params, mode)
+    for p, n, out in zip(prompts, lengths, outs):
+        assert out.finish_reason == "length"
+        assert out.token_ids == reference_generate(tiny_reference, p, n, None)
+
+
+def test_string_prompts_and_text(tiny_engine, tiny_reference):
+    out = tiny_engine.generate(["Hello, batchscope!"], SamplingParams(max_new_tokens=6, ignore_eos=True))[0]
+    ids = tiny_engine.tokenizer.encode("Hello, batchscope!", add_special_tokens=False)
+    assert out.prompt_token_ids == ids
+    assert out.token_ids == reference_generate(tiny_reference, ids, 6, None)
+    assert out.text == tiny_engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def qwen_engine(qwen3_checkpoint):
+    path, _model, _eos = qwen3_checkpoint
+    eng = Engine(EngineConfig(model=path, device="cpu", dtype="float32", mode="async",
+                              num_blocks=128, max_batch_tokens=96, max_running=16, seed=0))
+    yield eng
+    eng.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "switch"])
+@pytest.mark.parametrize("eos", [True, False], ids=["eos-on", "eos-off"])
+def test_qwen3_grouped_kv_greedy_equals_transformers(qwen_engine, qwen3_checkpoint, mode, eos):
+    _path, model, eos_id = qwen3_checkpoint
+    prompts = random_prompts(12, 512, 1, 60, seed=7)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=not eos)
+    outs = _generate(qwen_engine, prompts, params, mode)
+    stopped = 0
+    for p, out in zip(prompts, outs):
+        ref = reference_generate(model, p, 24, eos_id if eos else None)
+        assert out.token_ids == ref
+        if eos and ref[-1] == eos_id and len(ref) < 24:
+            assert out.finish_reason == "eos"
+            stopped += 1
+        else:
+            assert out.finish_reason == "length"
+    if eos:
+        assert stopped > 0, "the EOS path was never exercised"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "switch"])
+def test_tiny_cache_forces_chunked_prefill_and_preemption(qwen3_checkpoint, mode):
+    path, model, eos_id = qwen3_checkpoint
+    # 12 blocks of 8 tokens for 6 requests of up to ~70 tokens each: they cannot all stay resident
+    eng = Engine(EngineConfig(model=path, device="cpu", dtype="float32", mode="async", block_size=8,
+                              num_blocks=12, max_batch_tokens=16, max_running=6, seed=0))
+    traces = []
+    eng.add_observer(lambda ev: traces.append(ev) if hasattr(ev, "preempted") else None)
+    try:
+        prompts = random_prompts(6, 512, 20, 45, seed=3)
+        outs = _generate(eng, prompts, SamplingParams(max_new_tokens=20, ignore_eos=True), mode)
+    finally:
+        eng.close()
+    for p, out in zip(prompts, outs):
+        assert out.token_ids == reference_generate(model, p, 20, None)
+    assert any(t.preempted for t in traces), "no preemption happened"
+    # every prompt is longer than the 16-token budget, so matching tokens above means chunked prefill worked
+    assert min(len(p) for p in prompts) > 16
+    assert all(t.prefill_tokens + t.decode_tokens <= 16 for t in traces)
