@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 import triton
@@ -30,6 +31,17 @@ MAX_SPLITS = 64
 # Aim for this many decode programs per SM so that HBM has enough loads in flight and the last wave is short.
 PROGRAMS_PER_SM = 8
 DEFAULT_NUM_SMS = 132  # H200 / H100 SXM
+# Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) multiplies bf16/fp16 tiles as raw integer
+# bits; there the kernels upcast dot operands to fp32 (after the same bf16 rounding of p the GPU does).
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
+    if DOT_F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -39,7 +51,8 @@ DEFAULT_NUM_SMS = 132  # H200 / H100 SXM
 def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head, v_head,
                  stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, kv_end, window,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                 ROW_MASK: tl.constexpr, USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+                 ROW_MASK: tl.constexpr, USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+                 DOT_F32: tl.constexpr):
     k_pos = t * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = (k_pos >= kv_start) & (k_pos < kv_end)
     # A tile may span several pages that are not adjacent in memory: look up each key's page.
@@ -52,7 +65,7 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head
         kv_mask = col_ok[:, None] & (d[None, :] < HEAD_DIM)
     k = tl.load(k_cache + k_head + page[:, None] * stride_kb + slot[:, None] * stride_ks + d[None, :],
                 mask=kv_mask, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    s = _dot(q, tl.trans(k), PRECISION, DOT_F32) * qk_scale
     ok = col_ok[None, :]
     if ROW_MASK:
         # Causal (and sliding-window) limits differ per query row.
@@ -68,7 +81,7 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(v_cache + v_head + page[:, None] * stride_vb + slot[:, None] * stride_vs + d[None, :],
                 mask=kv_mask, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, DOT_F32)
     return acc, m_new, l_i
 
 
@@ -84,7 +97,8 @@ def _decode_split_kernel(
         stride_bt, stride_ot, stride_oh,
         NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        MIN_TILES: tl.constexpr, USE_WINDOW: tl.constexpr, DIRECT_OUT: tl.constexpr, PRECISION: tl.constexpr):
+        MIN_TILES: tl.constexpr, USE_WINDOW: tl.constexpr, DIRECT_OUT: tl.constexpr, PRECISION: tl.constexpr,
+        DOT_F32: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -118,9 +132,9 @@ def _decode_split_kernel(
     k_head = kvh * stride_kh
     v_head = kvh * stride_vh
     for t in range(t0, t1):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, qv, m_i, t, table_row, k_cache, v_cache, k_head, v_head,
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, qv, None, t, table_row, k_cache, v_cache, k_head, v_head,
                                      stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, ctx, window,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, False, USE_WINDOW, PRECISION)
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, False, USE_WINDOW, PRECISION, DOT_F32)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -175,7 +189,7 @@ def _prefill_kernel(
         stride_bt, stride_ot, stride_oh,
         G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-        USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+        USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -228,11 +242,11 @@ def _prefill_kernel(
     for t in range(lo_tile, mid_tile):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, qv, q_pos, t, table_row, k_cache, v_cache, k_head, v_head,
                                      stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, kv_end, window,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, USE_WINDOW, USE_WINDOW, PRECISION)
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, USE_WINDOW, USE_WINDOW, PRECISION, DOT_F32)
     for t in range(mid_tile, hi_tile):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, qv, q_pos, t, table_row, k_cache, v_cache, k_head, v_head,
                                      stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, kv_end, window,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, True, USE_WINDOW, PRECISION)
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, True, USE_WINDOW, PRECISION, DOT_F32)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -257,6 +271,10 @@ def _num_sms(device: torch.device) -> int:
 def _precision(dtype: torch.dtype) -> str:
     # fp32 inputs must not be rounded to tf32 on the tensor cores: that would cost ~1e-3 relative error.
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _dot_f32(dtype: torch.dtype) -> bool:
+    return _INTERPRETED and dtype != torch.float32
 
 
 def _decode_block_n(dtype: torch.dtype, head_dim: int) -> int:
@@ -294,9 +312,13 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta) 
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
-                 sliding_window: int | None = None, num_splits: int | None = None,
-                 block_n: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """One query per request (rows with none are skipped). Capturable: the grid is (B, KVH, num_splits)."""
+                 sliding_window: int | None = None, num_splits: int | None = None, block_n: int | None = None,
+                 min_split_keys: int = MIN_KEYS_PER_SPLIT, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One query per request (rows with none are skipped). Capturable: the grid is (B, KVH, num_splits).
+
+    num_splits: None picks `decode_splits` from the block table's width (the longest context it can hold) and
+    the batch shape, both host-side shapes, so a captured graph stays valid as lengths change.
+    """
     _check(q, k_cache, v_cache, meta)
     if q.stride(2) != 1:
         q = q.contiguous()
@@ -324,8 +346,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         meta.block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_HEADS=H, G=G, G_PAD=_pow2(max(16, G)), HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, MIN_TILES=max(1, MIN_KEYS_PER_SPLIT // block_n),
-        USE_WINDOW=bool(sliding_window), DIRECT_OUT=direct, PRECISION=_precision(q.dtype),
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, MIN_TILES=max(1, min_split_keys // block_n),
+        USE_WINDOW=bool(sliding_window), DIRECT_OUT=direct, PRECISION=_precision(q.dtype), DOT_F32=_dot_f32(q.dtype),
         num_warps=4, num_stages=3 if q.element_size() <= 2 else 2)
     if not direct:
         _decode_merge_kernel[(B, H)](
@@ -363,7 +385,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         meta.block_tables.stride(0), out.stride(0), out.stride(1),
         G=G, G_PAD=G_PAD, HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
         SEARCH_STEPS=max(1, math.ceil(math.log2(max(B, 1)))) + 1, USE_WINDOW=bool(sliding_window),
-        PRECISION=_precision(q.dtype),
+        PRECISION=_precision(q.dtype), DOT_F32=_dot_f32(q.dtype),
         num_warps=4 if wide or block_q * G_PAD <= 64 else 8, num_stages=2 if wide else 3)
     return out
 

@@ -50,6 +50,7 @@ class EngineCore:
         self.requested_mode = "async"
         self.closing = False
         self._new_arrivals: list = []
+        self._finished: list = []       # (id, reason, prompt, output) since the last trace
 
     # -- control ------------------------------------------------------------------------------------------------
     def keep_running(self, mode: str) -> bool:
@@ -127,17 +128,17 @@ class EngineCore:
         try:
             tokens = self.runner.wait(step.launched)
             t1 = now()
-            delivered, finished = self._update(step.plan, tokens)
+            delivered = self._update(step.plan, tokens)
         except Exception as exc:
             self.fail(step, exc)
             return
         t2 = now()
         step.host["wait"] = (t0, t1)
         step.host["update"] = (t1, t2)
-        self._trace(step, delivered, finished, None)
+        self._trace(step, delivered, None)
 
     def _update(self, plan: StepPlan, tokens: list[int]):
-        delivered, finished = [], []
+        delivered = []
         t = now()
         for row, seq in enumerate(plan.sampled):
             req = seq.req
@@ -163,11 +164,11 @@ class EngineCore:
                     handle._push(TokenDelta([tok], ""))
             else:
                 self._finish(req, reason, last_token=tok)
-                finished.append((req.id, reason, len(req.prompt_ids), len(req.output_ids)))
-        return delivered, finished
+        return delivered
 
     def _finish(self, req: Request, reason: str, error: str | None = None, last_token: int | None = None) -> None:
         req.finish_reason, req.error, req.finish_ns = reason, error, now()
+        self._finished.append((req.id, reason, len(req.prompt_ids), len(req.output_ids)))
         self.scheduler.remove(req)
         cut = self.stop_checker(req) if reason == "stop" else None
         req.text = self.detokenize(req.output_ids, cut)
@@ -183,18 +184,17 @@ class EngineCore:
         step.failed = True
         msg = f"{exc.__class__.__name__}: {exc}"
         traceback.print_exception(exc)
-        finished = []
         for seq in step.plan.seqs:
             req = seq.req
             if seq.sample:
                 req.pending = max(0, req.pending - 1)
             if not req.finished:
                 self._finish(req, "error", error=msg)
-                finished.append((req.id, "error", len(req.prompt_ids), len(req.output_ids)))
         self.runner.last_out = None
-        self._trace(step, [], finished, msg)
+        self._trace(step, [], msg)
 
-    def _trace(self, step: Step, delivered, finished, error) -> None:
+    def _trace(self, step: Step, delivered, error) -> None:
+        finished, self._finished = self._finished, []
         if not self.observers:
             return
         plan, la = step.plan, step.launched

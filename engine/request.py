@@ -86,6 +86,7 @@ class IncrementalDetokenizer:
         self.ids: list[int] = []
         self.prefix = 0     # tokens whose text is already emitted as context for the next decode
         self.read = 0
+        self.emitted = ""
 
     def push(self, ids: list[int]) -> str:
         if self.decode is None:
@@ -95,6 +96,7 @@ class IncrementalDetokenizer:
         after = self.decode(self.ids[self.prefix:])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
+            self.emitted += after[len(before):]
             return after[len(before):]
         return ""
 
@@ -126,11 +128,11 @@ class RequestHandle:
             self._done.set()
 
     def _with_text(self, detok: IncrementalDetokenizer, delta: TokenDelta) -> TokenDelta:
+        before = detok.emitted
         text = detok.push(delta.token_ids)
-        if delta.finished and self._output is not None:
-            # the final text is authoritative (stop strings cut it): emit whatever the deltas have not
-            emitted = detok.decode(detok.ids[:detok.read]) if detok.decode else ""
-            text = self._output.text[len(emitted):] if self._output.text.startswith(emitted) else text
+        if delta.finished and self._output is not None and self._output.text.startswith(before):
+            # the final text is authoritative (a stop string cuts it): emit exactly what is still missing
+            text = self._output.text[len(before):]
         return TokenDelta(delta.token_ids, text, delta.finished, delta.finish_reason, delta.error)
 
     def __iter__(self):

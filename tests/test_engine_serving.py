@@ -1,0 +1,216 @@
+"""The engine as a server uses it: seeded sampling, streaming, cancel, stop strings, bad input, failures."""
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import pytest
+
+from conftest import random_prompts, reference_generate
+from engine import ConfigError, Engine, EngineConfig, ModeChange, SamplingParams, StepTrace
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = Engine(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
+                              num_blocks=200, max_batch_tokens=128, max_running=16, seed=0))
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen3_checkpoint):
+    path, model, eos = qwen3_checkpoint
+    eng = Engine(EngineConfig(model=path, device="cpu", dtype="float32", mode="async",
+                              num_blocks=96, max_batch_tokens=64, max_running=12, seed=0))
+    yield eng, model, eos
+    eng.close()
+
+
+def test_seeded_sampling_is_reproducible_across_runs_modes_and_batch_mates(engine):
+    prompt = [5, 6, 7, 8, 9]
+    params = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.9, top_k=50, seed=1234, ignore_eos=True)
+    engine.set_mode("async")
+    alone = engine.generate([prompt], params)[0].token_ids
+    crowd = random_prompts(6, 49152, 3, 40, seed=2)
+    mates = [SamplingParams(max_new_tokens=9, temperature=1.0, seed=i, ignore_eos=True) for i in range(6)]
+    engine.set_mode("sync")
+    with_mates = engine.generate(crowd[:3] + [prompt] + crowd[3:], mates[:3] + [params] + mates[3:])[3].token_ids
+    assert alone == with_mates
+    engine.set_mode("async")
+    assert engine.generate([prompt], params)[0].token_ids == alone
+    other = engine.generate([prompt], SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.9, top_k=50,
+                                                    seed=99, ignore_eos=True))[0].token_ids
+    assert other != alone, "a different seed should give a different sample"
+
+
+def test_top_k_one_is_greedy(engine, tiny_reference):
+    prompt = [11, 12, 13]
+    out = engine.generate([prompt], SamplingParams(max_new_tokens=8, temperature=1.5, top_k=1, seed=3,
+                                                   ignore_eos=True))[0]
+    assert out.token_ids == reference_generate(tiny_reference, prompt, 8, None)
+
+
+def test_streaming_threads_and_asyncio(engine):
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    handle = engine.submit("Stream me", params)
+    deltas = list(handle)
+    out = handle.result()
+    assert deltas[-1].finished and deltas[-1].finish_reason == "length"
+    assert [t for d in deltas for t in d.token_ids] == out.token_ids
+    assert "".join(d.text for d in deltas) == out.text
+
+    async def consume():
+        h = engine.submit("Stream me", params)
+        return [d async for d in h.astream()], h.result()
+    adeltas, aout = asyncio.run(consume())
+    assert [t for d in adeltas for t in d.token_ids] == aout.token_ids == out.token_ids
+
+
+def test_stop_string_finishes_and_cuts_text(engine):
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    full = engine.generate(["Tell me"], params)[0]
+    stop = engine.tokenizer.decode(full.token_ids[4:6], skip_special_tokens=True).strip()
+    assert stop and stop in full.text
+    out = engine.generate(["Tell me"], SamplingParams(max_new_tokens=12, ignore_eos=True, stop=(stop,)))[0]
+    assert out.finish_reason == "stop"
+    assert stop not in out.text and full.text.startswith(out.text)
+    assert len(out.token_ids) < 12
+
+
+@pytest.mark.parametrize("prompt, params, message", [
+    ("", SamplingParams(), "empty"),
+    ([], SamplingParams(), "empty"),
+    ([1] * 5000, SamplingParams(), "at most"),
+    ("hi", SamplingParams(max_new_tokens=0), "max_new_tokens"),
+    ("hi", SamplingParams(temperature=-1.0), "temperature"),
+    ("hi", SamplingParams(top_p=0.0), "top_p"),
+    ("hi", SamplingParams(top_k=-2), "top_k"),
+    ([10 ** 9], SamplingParams(), "token ids"),
+    ("hi", SamplingParams(max_new_tokens=4000), "could never run"),
+])
+def test_bad_requests_fail_alone_and_engine_keeps_serving(engine, prompt, params, message):
+    with pytest.raises(ConfigError, match=message):
+        engine.submit(prompt, params)
+    assert engine.generate(["still here"], SamplingParams(max_new_tokens=3))[0].finish_reason in ("length", "eos")
+
+
+def test_set_mode_rejects_unknown(engine):
+    with pytest.raises(ConfigError):
+        engine.set_mode("turbo")
+    assert engine.mode in ("sync", "async")
+
+
+def test_exception_in_a_step_fails_only_that_steps_requests(engine, monkeypatch):
+    runner = engine._core.runner
+    original = runner._compute
+    poisoned = {"armed": True}
+
+    def flaky(batch, prev):
+        if poisoned["armed"] and any(s.req.id == "victim" for s in batch.plan.seqs):
+            poisoned["armed"] = False
+            raise RuntimeError("injected device fault")
+        return original(batch, prev)
+
+    monkeypatch.setattr(runner, "_compute", flaky)
+    victim = engine.submit([1, 2, 3], SamplingParams(max_new_tokens=5), request_id="victim")
+    out = victim.result(timeout=60)
+    assert out.finish_reason == "error" and "injected device fault" in out.error
+    after = engine.generate([[4, 5, 6]], SamplingParams(max_new_tokens=5, ignore_eos=True))[0]
+    assert after.finish_reason == "length" and len(after.token_ids) == 5
+
+
+def test_cancel_in_flight(engine):
+    handle = engine.submit([7, 8, 9], SamplingParams(max_new_tokens=3000, ignore_eos=True))
+    for delta in handle:
+        if len(delta.token_ids) and handle._queue.qsize() == 0:
+            break
+    handle.cancel()
+    out = handle.result(timeout=60)
+    assert out.finish_reason == "cancelled"
+    assert 0 < len(out.token_ids) < 3000
+    assert engine.stats()["running"] == 0
+
+
+def test_two_hundred_random_requests_with_random_switches_finish_exactly_once(qwen):
+    eng, _model, eos = qwen
+    rng = random.Random(42)
+    finishes: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def observe(ev):
+        if isinstance(ev, StepTrace):
+            with lock:
+                for rid, reason, _p, _o in ev.finished:
+                    finishes.setdefault(rid, []).append(reason)
+    eng.add_observer(observe)
+    stop = threading.Event()
+
+    def switch():
+        while not stop.is_set():
+            eng.set_mode(rng.choice(["sync", "async"]))
+            stop.wait(rng.uniform(0.0005, 0.01))
+    switcher = threading.Thread(target=switch, daemon=True)
+    switcher.start()
+    try:
+        handles, specs = [], []
+        for i in range(200):
+            n = rng.randint(1, 20)
+            ignore = rng.random() < 0.5
+            prompt = [rng.randrange(3, 512) for _ in range(rng.randint(1, 30))]
+            handles.append(eng.submit(prompt, SamplingParams(max_new_tokens=n, ignore_eos=ignore,
+                                                             temperature=rng.choice([0.0, 0.8]), seed=i)))
+            specs.append((n, ignore, rng.random() < 0.1))
+        for h, (_n, _ig, cancel) in zip(handles, specs):
+            if cancel:
+                h.cancel()
+        outs = [h.result(timeout=120) for h in handles]
+    finally:
+        stop.set()
+        switcher.join()
+        eng.remove_observer(observe)
+    for h, out, (n, ignore, cancel) in zip(handles, outs, specs):
+        assert finishes.get(out.id) == [out.finish_reason], "every request finishes exactly once"
+        assert len(out.token_ids) <= n
+        if out.finish_reason == "length":
+            assert len(out.token_ids) == n
+        elif out.finish_reason == "eos":
+            assert not ignore and out.token_ids[-1] == eos and eos not in out.token_ids[:-1]
+        else:
+            assert out.finish_reason == "cancelled" and cancel
+        if out.finish_reason != "eos" and not ignore:
+            assert eos not in out.token_ids
+    assert eng.stats()["running"] == 0 and eng.stats()["waiting"] == 0
+    assert eng.stats()["kv_blocks_used"] == 0, "finished requests must give their KV blocks back"
+
+
+def test_step_traces_show_overlap_only_in_async(engine):
+    events = []
+    engine.add_observer(events.append)
+    try:
+        engine.set_mode("async")
+        engine.generate([[1, 2, 3], [4, 5, 6, 7]], SamplingParams(max_new_tokens=8, ignore_eos=True))
+        engine.set_mode("sync")
+        engine.generate([[1, 2, 3], [4, 5, 6, 7]], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    finally:
+        engine.remove_observer(events.append)
+    steps = [e for e in events if isinstance(e, StepTrace)]
+    assert any(isinstance(e, ModeChange) and e.to_mode == "sync" for e in events)
+    assert [s.step for s in steps] == sorted(s.step for s in steps)
+    for s in steps:
+        spans = [s.host[k] for k in ("schedule", "fill", "launch", "wait", "update")]
+        assert all(a <= b for a, b in spans)
+        assert spans[0][1] <= spans[1][0] <= spans[1][1] <= spans[2][0] <= spans[3][0]
+    async_steps = [s for s in steps if s.mode == "async"]
+    sync_steps = [s for s in steps if s.mode == "sync"]
+    assert all(s.built_during_step is None for s in sync_steps)
+    overlapped = [s for s in async_steps if s.built_during_step is not None]
+    assert overlapped and all(s.built_during_step == s.step - 1 for s in overlapped)
+    # async: step N+1 is launched before step N is waited for
+    by_step = {s.step: s for s in async_steps}
+    for s in overlapped:
+        prev = by_step.get(s.step - 1)
+        if prev is not None:
+            assert s.host["launch"][1] <= prev.host["wait"][0]
+    assert sum(s.carried for s in async_steps) > 0 and sum(s.carried for s in sync_steps) == 0
