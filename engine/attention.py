@@ -3,7 +3,7 @@
 The model runs on one flat "ragged" batch: all scheduled tokens of all requests in a single row
 (input_ids [1, T]). transformers computes q/k/v and RoPE; our function writes the new keys and values into the
 paged cache at `slot_mapping` and attends each request's queries to its own blocks. No dense batch mask is ever
-built: the mask hook below returns None, and each request's causality comes from its positions.
+built (see `register`); each request's causality comes from its positions.
 """
 from __future__ import annotations
 
@@ -81,10 +81,11 @@ def _attention_forward(module, query, key, value, attention_mask, scaling=None, 
 
 
 def register() -> str:
-    """Register our attention and a mask hook that builds no mask; returns the implementation name."""
+    """Register our attention with transformers; returns the implementation name.
+
+    Deliberately no mask function: for an attention name without one, transformers builds no mask at all. With
+    one registered it would first inspect position_ids for packed sequences, a host-synchronising check."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTN_NAME, _attention_forward)
-    AttentionMaskInterface.register(ATTN_NAME, lambda *args, **kwargs: None)
     return ATTN_NAME
