@@ -1,0 +1,257 @@
+"""Fan-out to live viewers: coalesced frames, bounded per-subscriber queues, drops instead of back-pressure.
+
+Producers (the engine thread, the sampler thread) only `publish`: one deque append, never a lock held on a
+subscriber, never a wait. A flusher thread wakes ~20 times a second, drains what was published, builds one frame
+(a short list of messages: "mode", "steps", "requests", "nvml", every few frames "stats"), encodes its JSON once
+and offers it to every subscriber. A subscriber whose queue is full loses its oldest frame; its next `get` starts
+with a {"type": "dropped"} notice saying how many frames it lost. So a stalled viewer costs the engine nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import deque
+from typing import Callable
+
+
+class SubscriptionClosed(Exception):
+    """The subscription (or the whole hub) was closed and every queued frame has been read."""
+
+
+class Frame:
+    __slots__ = ("messages", "texts")
+
+    def __init__(self, messages: list):
+        self.messages = messages
+        self.texts = [json.dumps(m, separators=(",", ":"), default=str) for m in messages]
+
+
+def _dropped_notice(frames: int, total: int) -> dict:
+    return {"type": "dropped", "frames": frames, "total_frames": total}
+
+
+class Subscription:
+    """One viewer's queue. Create it with `Hub.subscribe` from inside an asyncio task; read with `await get()`
+    (message dicts, shared between viewers: do not modify them) or `await get_text()` (the same, JSON-encoded)."""
+
+    def __init__(self, hub: "Hub", max_queue: int, loop: asyncio.AbstractEventLoop | None):
+        self._hub = hub
+        self.max_queue = max(1, int(max_queue))
+        self._loop = loop
+        self._frames: deque[Frame] = deque()
+        self._lock = threading.Lock()
+        self._ready = asyncio.Event()
+        self._waiting = False
+        self.closed = False
+        self.delivered_frames = 0
+        self.dropped_frames = 0
+        self._unreported = 0
+
+    # flusher thread
+    def _offer(self, frame: Frame) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            if len(self._frames) >= self.max_queue:
+                self._frames.popleft()
+                self.dropped_frames += 1
+                self._unreported += 1
+            self._frames.append(frame)
+            wake = self._waiting
+            self._waiting = False
+        if wake:
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._ready.set)
+        except RuntimeError:        # the viewer's event loop is gone
+            self.close()
+
+    def _take(self, text: bool) -> list | None:
+        with self._lock:
+            if not self._frames:
+                return None
+            frame = self._frames.popleft()
+            lost, self._unreported = self._unreported, 0
+        self.delivered_frames += 1
+        out = list(frame.texts if text else frame.messages)
+        if lost:
+            notice = _dropped_notice(lost, self.dropped_frames)
+            out.insert(0, json.dumps(notice) if text else notice)
+        return out
+
+    def get_nowait(self, text: bool = False) -> list | None:
+        """The next frame's messages, or None when nothing is queued."""
+        out = self._take(text)
+        if out is None and self.closed:
+            raise SubscriptionClosed("subscription closed")
+        return out
+
+    async def get(self, text: bool = False) -> list:
+        """Wait for the next frame and return its messages (a dropped-frames notice first, if frames were lost)."""
+        while True:
+            out = self._take(text)
+            if out is not None:
+                return out
+            with self._lock:
+                if self.closed:
+                    raise SubscriptionClosed("subscription closed")
+                if self._frames:
+                    continue
+                self._ready.clear()
+                self._waiting = True
+            await self._ready.wait()
+
+    async def get_text(self) -> list[str]:
+        return await self.get(text=True)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> list:
+        try:
+            return await self.get()
+        except SubscriptionClosed:
+            raise StopAsyncIteration
+
+    def queued(self) -> int:
+        return len(self._frames)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        self._hub._remove(self)
+        self._wake()
+
+
+class Hub:
+    def __init__(self, stats: Callable[[], dict] | None = None, hz: float = 20.0, max_pending: int = 200_000,
+                 stats_every: int = 5, start: bool = True):
+        self.period = 1.0 / hz
+        self._stats = stats
+        self.stats_every = max(1, stats_every)
+        self._pending: deque = deque(maxlen=max_pending)
+        self.pending_overflow = 0
+        self._subs: list[Subscription] = []
+        self._subs_lock = threading.Lock()
+        self._flushes = 0
+        self.frames_sent = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._flush_lock = threading.Lock()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="batchscope-hub", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.flush()
+            except Exception:          # a bad record must not kill the viewers' feed
+                pass
+
+    # ---- any thread, cheap ---------------------------------------------------------------------------------
+    def publish(self, kind: str, obj) -> None:
+        """kind: "step" | "request" | "nvml" | "mode". O(1); the oldest item goes when the flusher falls behind."""
+        if len(self._pending) == self._pending.maxlen:
+            self.pending_overflow += 1
+        self._pending.append((kind, obj))
+
+    def subscribe(self, max_queue: int = 256) -> Subscription:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None                # polled with get_nowait() from a thread
+        sub = Subscription(self, max_queue, loop)
+        with self._subs_lock:
+            self._subs.append(sub)
+        return sub
+
+    def _remove(self, sub: Subscription) -> None:
+        with self._subs_lock:
+            if sub in self._subs:
+                self._subs.remove(sub)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subs)
+
+    # ---- flusher thread ------------------------------------------------------------------------------------
+    def flush(self) -> Frame | None:
+        """Drain what was published into one frame and offer it to every subscriber."""
+        with self._flush_lock:
+            items = []
+            pending = self._pending
+            while pending:
+                items.append(pending.popleft())
+            self._flushes += 1
+            with self._subs_lock:
+                subs = list(self._subs)
+            if not subs:
+                return None
+            messages = self._messages(items)
+            if self._stats is not None and self._flushes % self.stats_every == 0:
+                try:
+                    messages.append({"type": "stats", **self._stats()})
+                except Exception as exc:
+                    messages.append({"type": "stats", "error": str(exc)})
+            if not messages:
+                return None
+            frame = Frame(messages)
+            for sub in subs:
+                sub._offer(frame)
+            self.frames_sent += 1
+            return frame
+
+    @staticmethod
+    def _messages(items: list) -> list:
+        steps, nvml, modes, requests = [], [], [], {}
+        for kind, obj in items:
+            if kind == "step":
+                steps.append(obj)
+            elif kind == "nvml":
+                nvml.append(obj)
+            elif kind == "mode":
+                modes.append({"type": "mode", **obj})
+            elif kind == "request":
+                requests[obj["id"]] = obj       # latest state wins
+        out = list(modes)
+        if steps:
+            out.append({"type": "steps", "steps": steps})
+        if requests:
+            out.append({"type": "requests", "requests": [request_view(r) for r in requests.values()]})
+        if nvml:
+            out.append({"type": "nvml", "samples": nvml})
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
+        with self._subs_lock:
+            subs = list(self._subs)
+        for sub in subs:
+            sub.close()
+
+
+def request_view(req: dict) -> dict:
+    """A request's state for viewers, copied now (the engine thread keeps growing running requests). Token
+    times travel once, with the finished request."""
+    view = {k: v for k, v in req.items() if k != "token_us"}
+    if req.get("finish_us") is not None:
+        view["token_us"] = list(req["token_us"])
+        view["state"] = "finished"
+    else:
+        view["state"] = "decoding" if req.get("first_token_us") is not None else "pending"
+    return view

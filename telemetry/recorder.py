@@ -1,0 +1,230 @@
+"""Turns engine traces into records and keeps them: a bounded live ring plus named recordings.
+
+`on_engine_event` is the engine's observer: it runs on the engine's hot thread, so it only converts numbers,
+builds dicts and appends to deques. It reads the trace's CUDA events right there (they are complete and will be
+reused two steps later) and keeps no reference to the trace. Everything else (summaries, JSON, fan-out) happens on
+other threads, which read the deques through `list(deque)` (a single C call under the GIL, so it never sees a
+half-appended record).
+
+Memory stays flat: the ring keeps the last `ring_steps` steps, `ring_requests` finished requests and
+`ring_nvml` samples; requests still running are capped too; a recording stops storing (and counts what it
+dropped) past its caps; only the last `max_recordings` recordings are kept.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from typing import Callable
+
+from engine.trace import ModeChange, StepTrace
+
+from .clock import EventClock
+from .idle import IdleAttributor
+from .records import mode_record, request_record, step_record
+
+
+class Recording:
+    """A named window of records. Its steps/nvml/mode changes are appended live; requests join when they
+    finish (those still running at stop are added as they were)."""
+
+    def __init__(self, name: str, start_us: float, max_steps: int, max_requests: int, max_nvml: int):
+        self.name = name
+        self.start_us = start_us
+        self.stop_us: float | None = None
+        self.steps: list = []
+        self.requests: list = []
+        self.nvml: list = []
+        self.mode_changes: list = []
+        self.caps = {"steps": max_steps, "requests": max_requests, "nvml": max_nvml}
+        self.dropped = {"steps": 0, "requests": 0, "nvml": 0}
+        self.summary: dict | None = None
+
+    def add(self, kind: str, rec: dict) -> None:
+        items = getattr(self, kind)
+        if len(items) < self.caps[kind]:
+            items.append(rec)
+        else:
+            self.dropped[kind] += 1
+
+
+class Recorder:
+    def __init__(self, origin_ns: int, ring_steps: int = 20000, ring_requests: int = 4096,
+                 ring_nvml: int = 12000, max_active: int = 8192, publish: Callable[[str, object], None] | None = None,
+                 max_recording_steps: int = 200_000, max_recordings: int = 8):
+        self.origin_ns = origin_ns
+        self.steps: deque = deque(maxlen=ring_steps)
+        self.requests: deque = deque(maxlen=ring_requests)     # finished requests
+        self.active: OrderedDict = OrderedDict()               # id -> record of requests not finished yet
+        self.nvml: deque = deque(maxlen=ring_nvml)
+        self.mode_changes: deque = deque(maxlen=1000)
+        self.max_active = max_active
+        self.publish = publish or (lambda kind, obj: None)
+        self.clock = EventClock(origin_ns)
+        self.idle = IdleAttributor()
+        self.steps_seen = 0
+        self.last_step: int | None = None
+        self.out_of_order = 0
+        self.evicted_active = 0
+        self.max_recording_steps = max_recording_steps
+        self.max_recordings = max_recordings
+        self.recording: Recording | None = None
+        self.recordings: OrderedDict[str, Recording] = OrderedDict()
+        self._lock = threading.Lock()       # guards only the switch of `recording` against appends to it
+
+    # ---- the engine thread -------------------------------------------------------------------------------
+    def _us(self, ns: int) -> float:
+        return ((ns - self.origin_ns) // 100) / 10.0
+
+    def on_engine_event(self, event) -> None:
+        if isinstance(event, StepTrace):
+            self._on_step(event)
+        elif isinstance(event, ModeChange):
+            self._on_mode(event)
+
+    def _on_mode(self, change: ModeChange) -> None:
+        rec = mode_record(self._us(change.t_ns), change.step, change.from_mode, change.to_mode)
+        self.mode_changes.append(rec)
+        self._to_recording("mode_changes", rec)
+        self.publish("mode", rec)
+
+    def _on_step(self, tr: StepTrace) -> None:
+        us = self._us
+        cpu = {phase: [us(a), us(b)] for phase, (a, b) in tr.host.items()}
+        if tr.gpu_events:
+            gpu, basis = self.clock.resolve(tr, tr.host)
+            compute = gpu.get("compute") if gpu else None
+            if compute is None:
+                basis = "none"
+        else:                    # CPU: the forward runs inside launch, so launch stands in for compute
+            gpu, compute = None, cpu.get("launch")
+            basis = "host" if compute else "none"
+
+        new_ids = {a[0] for a in tr.arrivals}
+        empty_until = None
+        if tr.arrivals and all(rid in new_ids for rid in tr.request_ids):
+            empty_until = us(min(a[1] for a in tr.arrivals))    # nothing ran before these arrived
+        idle_us, cause, parts = self.idle.attribute(cpu, gpu, compute, empty_until)
+
+        if self.last_step is not None and tr.step <= self.last_step:
+            self.out_of_order += 1
+        self.last_step = tr.step
+        self.steps_seen += 1
+
+        tokens_out = sum(n for _, n in tr.tokens)
+        rec = step_record(tr, cpu, gpu, compute, basis, idle_us, cause, parts, tokens_out)
+        self.steps.append(rec)
+        self._to_recording("steps", rec)
+        self.publish("step", rec)
+        self._update_requests(tr, cpu)
+
+    def _update_requests(self, tr: StepTrace, cpu: dict) -> None:
+        if not (tr.arrivals or tr.tokens or tr.finished or tr.preempted):
+            return
+        done = cpu.get("update") or cpu.get("wait") or max(cpu.values(), key=lambda s: s[1], default=None)
+        t = done[1] if done else None
+        for rid, arrival_ns, prompt in tr.arrivals:
+            if rid not in self.active:
+                self._admit(request_record(rid, self._us(arrival_ns), prompt))
+        for rid, n in tr.tokens:
+            if n <= 0:
+                continue
+            req = self.active.get(rid) or self._admit(request_record(rid, None, None))
+            if req["first_token_us"] is None:
+                req["first_token_us"] = t
+                self.publish("request", req)
+            if n == 1:
+                req["token_us"].append(t)
+            else:
+                req["token_us"].extend([t] * n)
+            req["output_tokens"] += n
+        for rid in tr.preempted:
+            req = self.active.get(rid)
+            if req is not None:
+                req["preemptions"] += 1
+        for rid, reason, prompt, output in tr.finished:
+            req = self.active.pop(rid, None) or request_record(rid, None, prompt)
+            req["finish_us"] = t
+            req["finish_reason"] = reason
+            if req["prompt_tokens"] is None:
+                req["prompt_tokens"] = prompt
+            if output != req["output_tokens"]:   # the engine's count wins; say that telemetry saw otherwise
+                req["tokens_seen"] = req["output_tokens"]
+                req["output_tokens"] = output
+            self.requests.append(req)
+            self._to_recording("requests", req)
+            self.publish("request", req)
+
+    def _admit(self, req: dict) -> dict:
+        if len(self.active) >= self.max_active:      # a request the engine never finished: forget the oldest
+            self.active.popitem(last=False)
+            self.evicted_active += 1
+        self.active[req["id"]] = req
+        self.publish("request", req)
+        return req
+
+    def on_sample(self, sample: dict) -> None:
+        """Called on the sampler thread."""
+        self.nvml.append(sample)
+        self._to_recording("nvml", sample)
+        self.publish("nvml", sample)
+
+    def _to_recording(self, kind: str, rec: dict) -> None:
+        if self.recording is None:
+            return
+        with self._lock:
+            if self.recording is not None:
+                self.recording.add(kind, rec)
+
+    # ---- other threads -----------------------------------------------------------------------------------
+    def active_requests(self) -> list:
+        """Copies of the running requests' records (the engine thread keeps growing the originals)."""
+        out = []
+        for req in list(self.active.values()):
+            copy = dict(req)
+            copy["token_us"] = list(req["token_us"])
+            out.append(copy)
+        return out
+
+    def snapshot(self) -> dict:
+        return {"steps": list(self.steps), "requests": list(self.requests) + self.active_requests(),
+                "nvml": list(self.nvml), "mode_changes": list(self.mode_changes)}
+
+    def start_recording(self, name: str, now_us: float) -> Recording:
+        """Start a named recording; a recording already running is stopped first. A name used before is
+        replaced."""
+        rec = Recording(name, now_us, self.max_recording_steps, self.max_recording_steps, self.max_recording_steps)
+        with self._lock:
+            previous, self.recording = self.recording, rec
+        if previous is not None:
+            self._finish(previous, now_us)
+        self.recordings.pop(name, None)
+        self.recordings[name] = rec
+        while len(self.recordings) > self.max_recordings:
+            self.recordings.popitem(last=False)
+        return rec
+
+    def stop_recording(self, now_us: float) -> Recording | None:
+        with self._lock:
+            rec, self.recording = self.recording, None
+        if rec is not None:
+            self._finish(rec, now_us)
+        return rec
+
+    def _finish(self, rec: Recording, now_us: float) -> None:
+        rec.stop_us = now_us
+        # requests still running at stop go in as they are now (unfinished: finish_us is null)
+        known = {r["id"] for r in rec.requests}
+        for req in self.active_requests():
+            if req["id"] not in known:
+                rec.add("requests", req)
+
+    def recording_snapshot(self, name: str) -> tuple[Recording, dict]:
+        rec = self.recordings.get(name)
+        if rec is None:
+            raise KeyError(f"no recording named {name!r}; known: {list(self.recordings)}")
+        requests = list(rec.requests)
+        if rec.stop_us is None:          # still running: include requests in flight
+            known = {r["id"] for r in requests}
+            requests += [r for r in self.active_requests() if r["id"] not in known]
+        return rec, {"steps": list(rec.steps), "requests": requests, "nvml": list(rec.nvml),
+                     "mode_changes": list(rec.mode_changes)}

@@ -1,0 +1,105 @@
+"""The records telemetry keeps: one dict per step, per request, per NVML sample, per mode switch.
+
+Records are plain dicts (JSON-ready, cheap to build on the engine thread) with the firm field names of
+DESIGN.md §5. A step record is built once and never changed afterwards, so other threads may read it freely.
+A request record grows while the request runs (its owner is the engine thread) and is frozen at finish.
+
+All times are microseconds since the session's origin on the host's `perf_counter` clock. On CPU there are no
+CUDA events: a step record has no `gpu` key, and `compute_us` is the host `launch` span (the forward runs inside
+launch there), marked `compute_basis: "host"`.
+"""
+from __future__ import annotations
+
+from engine.trace import GPU_PHASES, HOST_PHASES
+
+SCHEMA_ID = "batchscope.timeline/1"
+
+# What the compute stream was waiting for during a GPU idle gap (see idle.py for how each is decided).
+IDLE_CAUSES = HOST_PHASES + ("h2d", "d2h", "empty_queue", "host_other")
+
+# Where a step's `compute_us` comes from: CUDA events anchored to the host clock, events placed by the end of
+# the host's wait (no anchor was given), the host launch span (CPU), or nothing (events could not be read).
+COMPUTE_BASES = ("gpu", "gpu_wait", "host", "none")
+
+NVML_FIELDS = ("gpu_util", "mem_util", "mem_used_mb", "power_w", "sm_clock_mhz")
+
+FINISH_REASONS = ("eos", "length", "stop", "cancelled", "error")
+
+
+def step_record(trace, cpu: dict, gpu: dict | None, compute: list | None, basis: str,
+                idle_us: float | None, idle_cause: str | None, idle_by_cause: dict, tokens_out: int) -> dict:
+    """The record of one step. Every span in `cpu` and `gpu` belongs to this step: schedule/fill/launch built and
+    launched it, wait/update consumed it. `built_during_step` / `consumed_at_launch` name the other step whose
+    work overlapped (async), so no span is ever attributed to the wrong step."""
+    rec = {
+        "step": trace.step,
+        "mode": trace.mode,
+        "slot": trace.slot,
+        "num_requests": len(trace.request_ids),
+        "prefill_tokens": trace.prefill_tokens,
+        "decode_tokens": trace.decode_tokens,
+        "request_ids": list(trace.request_ids),
+        "kv_blocks_used": trace.kv_blocks_used,
+        "kv_blocks_total": trace.kv_blocks_total,
+        "queue_depth": trace.queue_depth,
+        "running": trace.running,
+        "sampled": trace.sampled,
+        "carried": trace.carried,
+        "tokens_out": tokens_out,
+        "cpu": cpu,
+        "compute_us": compute,
+        "compute_basis": basis,
+        "gpu_idle_before_us": idle_us,
+        "idle_cause": idle_cause,
+        "idle_by_cause_us": idle_by_cause,
+        "built_during_step": trace.built_during_step,
+        "consumed_at_launch": trace.consumed_at_launch,
+    }
+    if gpu is not None:
+        rec["gpu"] = gpu
+    if trace.preempted:
+        rec["preempted"] = list(trace.preempted)
+    if trace.error:
+        rec["error"] = str(trace.error)
+    return rec
+
+
+def request_record(rid: str, arrival_us: float | None, prompt_tokens: int | None) -> dict:
+    """A request as first seen. `token_us` gets one entry per output token: the end of the update span of the
+    step that delivered it (several tokens delivered at once share a time)."""
+    return {
+        "id": rid,
+        "arrival_us": arrival_us,
+        "first_token_us": None,
+        "finish_us": None,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": 0,
+        "finish_reason": None,
+        "token_us": [],
+        "preemptions": 0,
+    }
+
+
+def mode_record(t_us: float, step: int, from_mode: str, to_mode: str) -> dict:
+    return {"t_us": t_us, "step": step, "from": from_mode, "to": to_mode}
+
+
+def span_end(rec: dict) -> float | None:
+    """The latest host or device time a step record mentions (for windowing and "recent" queries)."""
+    ends = [s[1] for s in rec["cpu"].values()]
+    gpu = rec.get("gpu")
+    if gpu:
+        ends.extend(s[1] for s in gpu.values())
+    return max(ends) if ends else None
+
+
+def span_start(rec: dict) -> float | None:
+    starts = [s[0] for s in rec["cpu"].values()]
+    gpu = rec.get("gpu")
+    if gpu:
+        starts.extend(s[0] for s in gpu.values())
+    return min(starts) if starts else None
+
+
+__all__ = ["SCHEMA_ID", "IDLE_CAUSES", "COMPUTE_BASES", "NVML_FIELDS", "FINISH_REASONS", "HOST_PHASES",
+           "GPU_PHASES", "step_record", "request_record", "mode_record", "span_start", "span_end"]

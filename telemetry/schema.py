@@ -1,0 +1,132 @@
+"""The JSON Schema of `batchscope.timeline/1`. docs/timeline.schema.json is this dict, written out by
+`python -m telemetry.schema` (a test keeps the two identical)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .records import COMPUTE_BASES, FINISH_REASONS, GPU_PHASES, HOST_PHASES, IDLE_CAUSES, NVML_FIELDS, SCHEMA_ID
+
+_SPAN = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2,
+         "description": "[start_us, end_us] on the host clock, microseconds since the timeline's origin"}
+_NUM_OR_NULL = {"type": ["number", "null"]}
+_COUNT = {"type": "integer", "minimum": 0}
+
+STEP = {
+    "type": "object",
+    "required": ["step", "mode", "slot", "num_requests", "prefill_tokens", "decode_tokens", "request_ids",
+                 "kv_blocks_used", "kv_blocks_total", "queue_depth", "cpu", "gpu_idle_before_us", "idle_cause"],
+    "properties": {
+        "step": _COUNT,
+        "mode": {"enum": ["sync", "async"]},
+        "slot": _COUNT,
+        "num_requests": _COUNT,
+        "prefill_tokens": _COUNT,
+        "decode_tokens": _COUNT,
+        "request_ids": {"type": "array", "items": {"type": "string"}},
+        "kv_blocks_used": _COUNT,
+        "kv_blocks_total": _COUNT,
+        "queue_depth": _COUNT,
+        "running": _COUNT,
+        "sampled": _COUNT,
+        "carried": _COUNT,
+        "tokens_out": _COUNT,
+        "cpu": {"type": "object", "properties": {p: _SPAN for p in HOST_PHASES}, "additionalProperties": _SPAN},
+        "gpu": {"type": "object", "properties": {p: _SPAN for p in GPU_PHASES}, "additionalProperties": False},
+        "compute_us": {"anyOf": [_SPAN, {"type": "null"}]},
+        "compute_basis": {"enum": list(COMPUTE_BASES)},
+        "gpu_idle_before_us": {"type": ["number", "null"], "minimum": 0},
+        "idle_cause": {"enum": [*IDLE_CAUSES, None]},
+        "idle_by_cause_us": {"type": "object", "propertyNames": {"enum": list(IDLE_CAUSES)},
+                             "additionalProperties": {"type": "number", "minimum": 0}},
+        "built_during_step": {"type": ["integer", "null"]},
+        "consumed_at_launch": {"type": ["integer", "null"]},
+        "preempted": {"type": "array", "items": {"type": "string"}},
+        "error": {"type": "string"},
+    },
+}
+
+REQUEST = {
+    "type": "object",
+    "required": ["id", "arrival_us", "first_token_us", "finish_us", "prompt_tokens", "output_tokens",
+                 "finish_reason", "token_us"],
+    "properties": {
+        "id": {"type": "string"},
+        "arrival_us": _NUM_OR_NULL,
+        "first_token_us": _NUM_OR_NULL,
+        "finish_us": _NUM_OR_NULL,
+        "prompt_tokens": {"type": ["integer", "null"], "minimum": 0},
+        "output_tokens": _COUNT,
+        "finish_reason": {"enum": [*FINISH_REASONS, None]},
+        "token_us": {"type": "array", "items": {"type": "number"}},
+        "preemptions": _COUNT,
+        "tokens_seen": _COUNT,
+    },
+}
+
+NVML_SAMPLE = {
+    "type": "object",
+    "required": ["t_us", *NVML_FIELDS],
+    "properties": {
+        "t_us": {"type": "number"},
+        **{f: _NUM_OR_NULL for f in NVML_FIELDS},
+        "source": {"enum": ["nvml", "psutil"]},
+        "cpu_pct": _NUM_OR_NULL,
+        "proc_cpu_pct": _NUM_OR_NULL,
+        "fine": {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 2,
+                                            "maxItems": 2}},
+    },
+}
+
+MODE_CHANGE = {
+    "type": "object",
+    "required": ["t_us", "step", "from", "to"],
+    "properties": {"t_us": {"type": "number"}, "step": _COUNT, "from": {"enum": ["sync", "async"]},
+                   "to": {"enum": ["sync", "async"]}},
+}
+
+META = {
+    "type": "object",
+    "required": ["model", "device", "gpu", "dtype", "config", "created"],
+    "properties": {
+        "model": {"type": ["string", "null"]},
+        "device": {"type": ["string", "null"]},
+        "gpu": {"type": ["string", "null"]},
+        "dtype": {"type": ["string", "null"]},
+        "config": {"type": "object"},
+        "created": {"type": "string"},
+        "info": {"type": "object"},
+        "origin": {"type": "object"},
+        "recording": {"type": ["object", "null"]},
+        "status": {"type": "object"},
+    },
+}
+
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "urn:batchscope:timeline:1",
+    "title": SCHEMA_ID,
+    "description": "A recorded batchscope timeline: per-step host/GPU spans, requests, NVML samples and mode "
+                   "switches. Times are microseconds on one host clock since the timeline's origin. See "
+                   "docs/timeline.md.",
+    "type": "object",
+    "required": ["schema", "meta", "steps", "requests", "nvml", "mode_changes", "summary"],
+    "properties": {
+        "schema": {"const": SCHEMA_ID},
+        "meta": META,
+        "steps": {"type": "array", "items": STEP},
+        "requests": {"type": "array", "items": REQUEST},
+        "nvml": {"type": "array", "items": NVML_SAMPLE},
+        "mode_changes": {"type": "array", "items": MODE_CHANGE},
+        "summary": {"type": "object"},
+    },
+}
+
+
+def write(path: str | Path) -> None:
+    Path(path).write_text(json.dumps(SCHEMA, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    write(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent / "docs/timeline.schema.json")

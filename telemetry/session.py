@@ -1,0 +1,184 @@
+"""Telemetry: one session attached to one engine. The facade the app codes against.
+
+    tel = Telemetry(engine)          # attaches the observer, starts the sampler and the hub's flusher
+    sub = tel.hub.subscribe()        # live frames for a viewer
+    tel.start_recording("A"); ...; summary = tel.stop_recording()
+    tel.timeline("A"); tel.close()
+
+Its clock is the engine's: `perf_counter_ns`, shown as µs since this session started (`now_us`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from .export import build_timeline, created_now, shift_records
+from .hub import Hub, request_view
+from .nvml import BUSY_NOTE, Sampler, unix_origin_ns
+from .records import SCHEMA_ID, span_end
+from .recorder import Recorder
+from .summary import compare, summarize, union_length
+
+
+class Telemetry:
+    def __init__(self, engine, nvml_hz: float = 20.0, ring_steps: int = 20000, bandwidth_gbps: float | None = None,
+                 *, hub_hz: float = 20.0, ring_requests: int = 4096, recent_s: float = 5.0,
+                 max_recording_steps: int = 200_000):
+        self.engine = engine
+        self.origin_ns = time.perf_counter_ns()
+        self.unix_origin_ns = unix_origin_ns(self.origin_ns)
+        self.bandwidth_gbps = bandwidth_gbps
+        self.recent_s = recent_s
+        self.info = dict(getattr(engine, "info", None) or {})
+        self.observer_errors = 0
+        self.last_observer_error: str | None = None
+        self._closed = False
+
+        self.hub = Hub(stats=self._live_stats, hz=hub_hz)
+        self.recorder = Recorder(self.origin_ns, ring_steps=ring_steps, ring_requests=ring_requests,
+                                 ring_nvml=int(max(nvml_hz, 1.0) * 600), publish=self.hub.publish,
+                                 max_recording_steps=max_recording_steps)
+        device = self.info.get("device") or getattr(getattr(engine, "config", None), "device", None)
+        self.device = str(device) if device is not None else None
+        self.sampler = Sampler(self.recorder.on_sample, self.now_us, self.device, hz=nvml_hz,
+                               unix_origin_ns=self.unix_origin_ns,
+                               use_nvml=bool(self.device and self.device.startswith("cuda")))
+        self.sampler.start()
+        engine.add_observer(self._observe)
+
+    # ---- the engine thread ---------------------------------------------------------------------------------
+    def _observe(self, event) -> None:
+        try:
+            self.recorder.on_engine_event(event)
+        except Exception as exc:          # telemetry must never take the engine down
+            self.observer_errors += 1
+            self.last_observer_error = f"{type(exc).__name__}: {exc}"
+
+    # ---- clocks and status -----------------------------------------------------------------------------------
+    def now_us(self) -> float:
+        """µs since this session started, on the same clock as every record."""
+        return (time.perf_counter_ns() - self.origin_ns) / 1000.0
+
+    def _mode(self) -> str | None:
+        return getattr(self.engine, "mode", None)
+
+    def status(self) -> dict:
+        s = self.sampler.status()
+        rec = self.recorder
+        return {
+            "nvml": s["nvml"], "nvml_reason": s["nvml_reason"],
+            "gpu_name": s["gpu_name"] or self.info.get("gpu_name"),
+            "device": self.device, "sampler": s["sampler"], "sampler_hz": s["hz"], "busy_note": BUSY_NOTE,
+            "clock": rec.clock.status(), "steps_seen": rec.steps_seen, "ring_steps": len(rec.steps),
+            "out_of_order_steps": rec.out_of_order, "observer_errors": self.observer_errors,
+            "last_observer_error": self.last_observer_error,
+            "recording": rec.recording.name if rec.recording else None,
+            "subscribers": self.hub.subscribers, "hub_pending_overflow": self.hub.pending_overflow,
+        }
+
+    def _config(self) -> dict:
+        cfg = getattr(self.engine, "config", None)
+        if cfg is None:
+            return {}
+        return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
+
+    def _meta(self, recording: dict | None, origin_us: float) -> dict:
+        info = self.info
+        return {"model": info.get("model"), "device": self.device, "gpu": info.get("gpu_name"),
+                "dtype": info.get("dtype"), "config": self._config(), "created": created_now(),
+                "info": info, "status": self.status(), "recording": recording,
+                "origin": {"clock": "perf_counter", "session_offset_us": origin_us,
+                           "unix_s": (self.unix_origin_ns + origin_us * 1000) / 1e9}}
+
+    # ---- live viewers ----------------------------------------------------------------------------------------
+    def hello(self) -> dict:
+        """The first websocket message: who we are, and the last few seconds so a new viewer can draw."""
+        now = self.now_us()
+        since = now - self.recent_s * 1e6
+        steps = [r for r in list(self.recorder.steps)[-4000:] if (span_end(r) or now) >= since]
+        nvml = [s for s in list(self.recorder.nvml) if s["t_us"] >= since]
+        done = [r for r in list(self.recorder.requests) if (r["finish_us"] or now) >= since]
+        requests = [request_view(r) for r in done[-500:] + self.recorder.active_requests()[-500:]]
+        return {"type": "hello", "schema": SCHEMA_ID, "model": self.info.get("model"), "info": self.info,
+                "config": self._config(), "mode": self._mode(), "status": self.status(), "t_us": now,
+                "recent": {"steps": steps, "nvml": nvml, "mode_changes": list(self.recorder.mode_changes),
+                           "requests": requests}}
+
+    def _live_stats(self) -> dict:
+        """The body of "stats" messages (on the hub's thread): engine counters plus the last second's rates."""
+        now = self.now_us()
+        try:
+            engine = dict(self.engine.stats())
+        except Exception as exc:
+            engine = {"error": str(exc)}
+        recent = [r for r in list(self.recorder.steps)[-2000:] if (r.get("compute_us") or [-1])[0] >= now - 1e6]
+        busy = union_length([r["compute_us"] for r in recent], now - 1e6, now)
+        return {"t_us": now, **engine, "mode": engine.get("mode", self._mode()),
+                "steps_per_s": len(recent), "tokens_per_s": sum(r.get("tokens_out", 0) for r in recent),
+                "busy_pct_1s": round(busy / 1e4, 2), "subscribers": self.hub.subscribers}
+
+    # ---- recordings, summaries, export -----------------------------------------------------------------------
+    def start_recording(self, name: str) -> None:
+        """Start recording under `name` (a recording already running is stopped first)."""
+        self.recorder.start_recording(str(name), self.now_us())
+
+    def stop_recording(self) -> dict:
+        """Stop the running recording and return its summary ({} when none was running)."""
+        rec = self.recorder.stop_recording(self.now_us())
+        if rec is None:
+            return {}
+        _, parts = self.recorder.recording_snapshot(rec.name)
+        rec.summary = {"recording": rec.name, **summarize(parts["steps"], parts["requests"], parts["nvml"],
+                                                             self.info, self.bandwidth_gbps, rec.start_us,
+                                                             rec.stop_us)}
+        return rec.summary
+
+    def recordings(self) -> list[str]:
+        return list(self.recorder.recordings)
+
+    def summary(self, t0_us: float | None = None, t1_us: float | None = None) -> dict:
+        """Summary of the live ring over [t0_us, t1_us) (session µs; None: from the first / to the last step)."""
+        parts = self.recorder.snapshot()
+        return summarize(parts["steps"], parts["requests"], parts["nvml"], self.info, self.bandwidth_gbps,
+                         t0_us, t1_us)
+
+    @staticmethod
+    def compare(summary_a: dict, summary_b: dict, labels: tuple[str, str] = ("a", "b")) -> dict:
+        return compare(summary_a, summary_b, labels)
+
+    def timeline(self, recording: str | None = None) -> dict:
+        """batchscope.timeline/1 of the live ring (times since session start) or of a named recording (times
+        since the recording started). Raises KeyError for an unknown recording."""
+        if recording is None:
+            parts = self.recorder.snapshot()
+            t0, t1, rec_meta, origin = None, None, None, 0.0
+        else:
+            rec, raw = self.recorder.recording_snapshot(recording)
+            origin = rec.start_us
+            parts = shift_records(raw, -origin)
+            t0, t1 = 0.0, (rec.stop_us - origin) if rec.stop_us is not None else None
+            rec_meta = {"name": rec.name, "start_us": rec.start_us, "stop_us": rec.stop_us,
+                        "dropped": dict(rec.dropped)}
+        summary = summarize(parts["steps"], parts["requests"], parts["nvml"], self.info, self.bandwidth_gbps,
+                            t0, t1)
+        return build_timeline(self._meta(rec_meta, origin), parts["steps"], parts["requests"], parts["nvml"],
+                              parts["mode_changes"], summary)
+
+    # ---- shutdown --------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Detach from the engine and stop the sampler and the hub. Records stay readable."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.engine.remove_observer(self._observe)
+        except Exception:
+            pass
+        self.sampler.close()
+        self.hub.close()
+
+    def __enter__(self) -> "Telemetry":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
