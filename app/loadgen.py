@@ -21,8 +21,9 @@ from engine.config import SamplingParams
 ARRIVALS = ("burst", "poisson", "gamma")
 
 
-class LimitError(ValueError):
-    """The request is well-formed but over a server limit (the server answers 429)."""
+class BusyError(ValueError):
+    """The request is fine but the server is at capacity right now (too many bursts, a deep queue): retry later.
+    The server answers 429; an input over a configured cap is a plain ValueError (400)."""
 
 
 @dataclass
@@ -50,7 +51,7 @@ class BurstSpec:
 
     @classmethod
     def from_dict(cls, d: dict, limits: Limits) -> "BurstSpec":
-        """Validate a user-supplied dict (JSON body or UI form); raises ValueError/LimitError with the reason."""
+        """Validate a user-supplied dict (JSON body or UI form); raises ValueError with the reason."""
         if not isinstance(d, dict):
             raise ValueError("burst spec must be a JSON object")
         unknown = set(d) - set(cls.__dataclass_fields__)
@@ -63,7 +64,7 @@ class BurstSpec:
                 setattr(spec, name, tuple(min(x, limit) for x in getattr(spec, name)))
         spec.num_requests = _int("num_requests", spec.num_requests, 1)
         if spec.num_requests > limits.max_burst_requests:
-            raise LimitError(f"num_requests {spec.num_requests} is over the limit of {limits.max_burst_requests}")
+            raise ValueError(f"num_requests {spec.num_requests} is over the limit of {limits.max_burst_requests}")
         spec.prompt_tokens = _range("prompt_tokens", spec.prompt_tokens, limits.max_prompt_tokens)
         spec.max_new_tokens = _range("max_new_tokens", spec.max_new_tokens, limits.max_new_tokens)
         if spec.arrival not in ARRIVALS:
@@ -96,7 +97,7 @@ def _range(name: str, v: Any, limit: int) -> tuple[int, int]:
     if lo > hi:
         raise ValueError(f"{name} min {lo} is greater than max {hi}")
     if hi > limit:
-        raise LimitError(f"{name} max {hi} is over the limit of {limit}")
+        raise ValueError(f"{name} max {hi} is over the limit of {limit}")
     return (lo, hi)
 
 
@@ -343,14 +344,14 @@ class BurstManager:
 
     def _admit(self, ab: bool) -> None:
         if self._closed:
-            raise LimitError("the server is shutting down")
+            raise BusyError("the server is shutting down")
         if any(a.state == "running" for a in self._abs.values()):
-            raise LimitError("an A/B comparison is running; it needs the engine to itself until it ends")
+            raise BusyError("an A/B comparison is running; it needs the engine to itself until it ends")
         n = self._running_count()
         if ab and n:
-            raise LimitError(f"{n} burst(s) still running; an A/B comparison needs the engine to itself")
+            raise BusyError(f"{n} burst(s) still running; an A/B comparison needs the engine to itself")
         if n >= self.limits.max_concurrent_bursts:
-            raise LimitError(f"{n} bursts already running (limit {self.limits.max_concurrent_bursts})")
+            raise BusyError(f"{n} bursts already running (limit {self.limits.max_concurrent_bursts})")
 
     def _trim(self, table: dict) -> None:
         for key in list(table)[: max(0, len(table) - self.keep)]:

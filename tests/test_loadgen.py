@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from app.loadgen import (BurstManager, BurstSpec, Limits, LimitError, RequestTiming, arrival_offsets,
+from app.loadgen import (BurstManager, BurstSpec, Limits, BusyError, RequestTiming, arrival_offsets,
                          burst_metrics, percentiles, plan_burst)
 from engine.request import TokenDelta
 
@@ -144,9 +144,10 @@ def test_bad_specs_say_why(body, reason):
 
 
 @pytest.mark.parametrize("body", [{"num_requests": 51}, {"prompt_tokens": [1, 513]}, {"max_new_tokens": 65}])
-def test_over_limit_specs_are_limit_errors(body):
-    with pytest.raises(LimitError, match="limit"):
+def test_over_limit_specs_are_bad_input_not_busy(body):
+    with pytest.raises(ValueError, match="over the limit") as e:
         BurstSpec.from_dict(body, LIMITS)
+    assert not isinstance(e.value, BusyError)
 
 
 def test_percentiles_interpolate_like_numpy():
@@ -200,8 +201,8 @@ def test_failed_requests_are_counted_and_all_failed_is_an_error():
     d = wait_state(lambda: mgr.burst(bid))
     assert d["state"] == "done" and d["results"]["failed"] == 3 and d["results"]["completed"] == 3
     assert d["results"]["errors"] == ["scripted failure"]
-    bid = mgr.start_burst({"num_requests": 3, "seed": 1, "max_new_tokens": 2})
     mgr.engine.fail_every = 1
+    bid = mgr.start_burst({"num_requests": 3, "seed": 1, "max_new_tokens": 2})
     d = wait_state(lambda: mgr.burst(bid))
     assert d["state"] == "error" and "scripted failure" in d["error"]
     mgr.close()
@@ -211,9 +212,9 @@ def test_concurrent_burst_cap_and_unknown_ids():
     gate = threading.Event()
     mgr = BurstManager(ScriptedEngine(gate=gate), LIMITS, vocab_size=100)
     ids = [mgr.start_burst({"num_requests": 1, "max_new_tokens": 1}) for _ in range(2)]
-    with pytest.raises(LimitError, match="already running"):
+    with pytest.raises(BusyError, match="already running"):
         mgr.start_burst({"num_requests": 1})
-    with pytest.raises(LimitError, match="engine to itself"):
+    with pytest.raises(BusyError, match="engine to itself"):
         mgr.start_ab({"num_requests": 1})
     gate.set()
     for i in ids:
@@ -243,7 +244,7 @@ def test_ab_runs_same_burst_sync_then_async_and_restores_mode():
     # while an A/B runs nothing else may start
     eng.gate = threading.Event()
     ab2 = mgr.start_ab({"num_requests": 1, "max_new_tokens": 1})
-    with pytest.raises(LimitError, match="A/B"):
+    with pytest.raises(BusyError, match="A/B"):
         mgr.start_burst({"num_requests": 1})
     eng.gate.set()
     assert wait_state(lambda: mgr.ab(ab2))["state"] == "done"
@@ -258,5 +259,5 @@ def test_close_cancels_running_bursts():
     mgr.close(timeout=10)
     d = mgr.burst(bid)
     assert d["state"] == "error" and d["error"] == "cancelled"
-    with pytest.raises(LimitError, match="shutting down"):
+    with pytest.raises(BusyError, match="shutting down"):
         mgr.start_burst({"num_requests": 1})
