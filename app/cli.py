@@ -1,0 +1,211 @@
+"""`batchscope serve | replay | bench`: the command line."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+
+from engine.config import DTYPES, MODES
+
+DEFAULT_PORT = 7860
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="batchscope", description="An oscilloscope for LLM continuous batching.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="load a model and serve the UI, the JSON and OpenAI routes and the telemetry")
+    s.add_argument("--model", default="smollm2-135m",
+                   help="preset (smollm2-135m, tiny-random, llama3-8b-random), HF folder or hub id")
+    s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    s.add_argument("--dtype", default="auto", choices=DTYPES)
+    s.add_argument("--mode", default="async", choices=MODES, help="the loop to start in (switchable live)")
+    s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: from free memory)")
+    s.add_argument("--block-size", type=int, default=16)
+    s.add_argument("--max-batch-tokens", type=int, default=2048)
+    s.add_argument("--max-running", type=int, default=64)
+    s.add_argument("--seed", type=int, default=0)
+    _limit_args(s)
+    _server_args(s)
+    s.set_defaults(func=cmd_serve)
+
+    r = sub.add_parser("replay", help="open the UI on a recorded timeline, without loading a model")
+    r.add_argument("file", help="a batchscope.timeline/1 JSON file (GET /api/timeline.json saves one)")
+    _server_args(r)
+    r.set_defaults(func=cmd_replay)
+
+    b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload")
+    b.add_argument("--model", default="smollm2-135m")
+    b.add_argument("--requests", type=_positive_int, default=32)
+    b.add_argument("--prompt-tokens", type=_positive_int, default=256)
+    b.add_argument("--new-tokens", type=_positive_int, default=512)
+    b.add_argument("--modes", type=_modes, default=["sync", "async"], help="comma-separated, e.g. sync,async")
+    b.add_argument("--baseline", default=None, choices=["none", "transformers"],
+                   help="also time transformers' own continuous batching")
+    b.add_argument("--out", default="bench.json", help="where the results go (JSON)")
+    b.add_argument("--device", default="auto")
+    b.add_argument("--dtype", default="auto", choices=DTYPES)
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="bind address; anything but loopback needs --token")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--token", default=os.environ.get("BATCHSCOPE_TOKEN") or None,
+                   help="require this bearer token on every request (default: $BATCHSCOPE_TOKEN)")
+    p.add_argument("--no-ui", action="store_true", help="serve the API and websocket only (no Gradio)")
+    p.add_argument("--open", action="store_true", help="open the UI in a browser once the server is up")
+    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    from .loadgen import Limits
+
+    d = Limits()
+    p.add_argument("--max-prompt-tokens", type=_positive_int, default=d.max_prompt_tokens)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=d.max_new_tokens)
+    p.add_argument("--max-burst-requests", type=_positive_int, default=d.max_burst_requests)
+    p.add_argument("--max-concurrent-bursts", type=_positive_int, default=d.max_concurrent_bursts)
+    p.add_argument("--max-waiting-requests", type=_positive_int, default=d.max_waiting_requests)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"modes are a comma-separated subset of {','.join(MODES)}, got {text!r}")
+    return modes
+
+
+def _say(msg: str) -> None:
+    print(f"batchscope: {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------- commands
+
+def cmd_serve(args) -> int:
+    from engine.config import EngineConfig
+
+    from .loadgen import Limits
+    from .server import check_bind
+    from .state import AppState
+
+    try:
+        check_bind(args.host, args.token)
+        config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.mode,
+                              block_size=args.block_size, num_blocks=args.num_blocks,
+                              max_batch_tokens=args.max_batch_tokens, max_running=args.max_running,
+                              seed=args.seed).validate()
+    except ValueError as e:
+        _say(str(e))
+        return 2
+    limits = Limits(args.max_prompt_tokens, args.max_new_tokens, args.max_burst_requests,
+                    args.max_concurrent_bursts, args.max_waiting_requests)
+    with _Ticker(f"loading {args.model} on {args.device}"):
+        state = AppState.load(config, limits)
+    info = state.engine.info
+    _say(f"loaded {info.get('model')} on {info.get('device')} ({info.get('dtype')}), mode {state.engine.mode}")
+    return _serve(state, args)
+
+
+def cmd_replay(args) -> int:
+    from telemetry import TimelineError
+
+    from .server import check_bind
+    from .state import AppState
+
+    try:
+        check_bind(args.host, args.token)
+    except ValueError as e:
+        _say(str(e))
+        return 2
+    try:
+        state = AppState.from_replay_file(args.file)
+    except (TimelineError, ValueError, OSError) as e:
+        _say(f"cannot replay {args.file}: {e}")
+        return 2
+    _say(f"replaying {args.file}: {len(state.replay.get('steps', []))} steps, no model loaded")
+    return _serve(state, args)
+
+
+def cmd_bench(args) -> int:
+    from . import bench                 # heavy and optional: only `bench` needs it
+
+    if args.baseline == "none":
+        args.baseline = None
+    return bench.main(args) or 0
+
+
+def _serve(state, args) -> int:
+    import uvicorn
+
+    from .server import create_app, uvicorn_config
+
+    try:
+        if not args.no_ui:
+            _say("building the UI")
+        app = create_app(state, token=args.token, ui=not args.no_ui, close_state=True)
+        server = uvicorn.Server(uvicorn_config(app, args.host, args.port, args.log_level))
+    except Exception:
+        state.close()
+        raise
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{host}:{args.port}/" + (f"?token={args.token}" if args.token else "")
+    threading.Thread(target=_announce, args=(server, url, args.open), daemon=True).start()
+    server.run()                        # returns on Ctrl-C; the lifespan closes the engine
+    return 0 if server.started else 1
+
+
+def _announce(server, url: str, open_browser: bool) -> None:
+    while not server.started and not server.should_exit:
+        time.sleep(0.05)
+    if server.started:
+        _say(f"serving on {url}")
+        if open_browser:
+            import webbrowser
+            webbrowser.open(url)
+
+
+class _Ticker:
+    """Says what is slow while it runs: the first start converts the embedded model, which takes a while."""
+
+    def __init__(self, what: str, every: float = 5.0):
+        self.what, self.every = what, every
+        self.done = threading.Event()
+
+    def __enter__(self):
+        self.t0 = time.monotonic()
+        _say(f"{self.what} ...")
+        threading.Thread(target=self._tick, daemon=True).start()
+        return self
+
+    def _tick(self):
+        while not self.done.wait(self.every):
+            _say(f"{self.what} ... {time.monotonic() - self.t0:.0f} s")
+
+    def __exit__(self, exc_type, exc, tb):
+        self.done.set()
+        if exc_type is None:
+            _say(f"{self.what}: done in {time.monotonic() - self.t0:.1f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
