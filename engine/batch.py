@@ -83,6 +83,7 @@ class Batch:
     any_random: bool
     any_filter: bool
     num_carried: int
+    graph_bucket: int | None = None  # set when the step replays a captured decode graph
 
     def view(self, name: str) -> torch.Tensor:
         for layout, buf in ((self.layout.i64(), self.slot.dev64), (self.layout.i32(), self.slot.dev32),
@@ -93,23 +94,19 @@ class Batch:
         raise KeyError(name)
 
 
-def fill_slot(plan: StepPlan, slot: IoSlot, block_size: int) -> Batch:
-    """Write the plan's tokens, positions, cache slots and sampling rows into the slot's pinned host buffers."""
-    seqs = plan.seqs
-    sampled = [s for s in seqs if s.sample]
-    T, B, S = plan.num_tokens, len(seqs), len(sampled)
-    max_blocks = max(len(s.req.blocks) for s in seqs)
-    layout = PackLayout(T, B, S, max_blocks)
-    o64, o32, of = layout.i64(), layout.i32(), layout.f32()
-    np64, np32, npf = slot.np64, slot.np32, slot.npf
+def fill_slot(plan: StepPlan, slot: IoSlot, block_size: int, pad_to: int | None = None,
+              table_width: int | None = None, scratch_block: int = 0) -> Batch:
+    """Write the plan's tokens, positions, cache slots and sampling rows into the slot's pinned host buffers.
 
+    With `pad_to` (a CUDA-graph decode bucket) the layout is fixed: `pad_to` one-token rows and a block table
+    `table_width` wide, so every field sits at the address the graph was captured with. Padding rows decode a
+    dummy token greedily into `scratch_block`, which no request ever owns."""
+    seqs = plan.seqs
     ids, pos, slots, carry, qsl, lens = [], [], [], [], [0], []
     sample_idx, seeds, sample_pos, top_k, temp, top_p = [], [], [], [], [], []
-    tables = np.zeros((B, max_blocks), dtype=np.int32)
-    for b, s in enumerate(seqs):
+    for s in seqs:
         req, start, n = s.req, s.start, s.num_tokens
         blocks = req.blocks
-        tables[b, :len(blocks)] = blocks
         if s.carry_row >= 0:
             ids.append(0)                   # placeholder: the device gathers the real token first thing
             carry.append(s.carry_row)
@@ -129,7 +126,23 @@ def fill_slot(plan: StepPlan, slot: IoSlot, block_size: int) -> Batch:
             top_k.append(p.top_k)
             temp.append(p.temperature)
             top_p.append(p.top_p)
-
+    any_random = any(t > 0 for t in temp)
+    any_filter = any(k > 0 or p < 1.0 for k, p in zip(top_k, top_p))
+    real_rows = len(seqs)
+    width = table_width or max(len(s.req.blocks) for s in seqs)
+    if pad_to is not None:
+        for row in range(real_rows, pad_to):
+            ids.append(0); pos.append(0); slots.append(scratch_block * block_size); carry.append(-1)
+            qsl.append(qsl[-1] + 1); lens.append(1)
+            sample_idx.append(row); seeds.append(0); sample_pos.append(0)
+            top_k.append(0); temp.append(0.0); top_p.append(1.0)
+    B = len(lens)
+    tables = np.full((B, width), scratch_block, dtype=np.int32)
+    for b, s in enumerate(seqs):
+        tables[b, :len(s.req.blocks)] = s.req.blocks
+    layout = PackLayout(len(ids), B, len(sample_idx), width)
+    o64, o32, of = layout.i64(), layout.i32(), layout.f32()
+    np64, np32, npf = slot.np64, slot.np32, slot.npf
     for name, values in (("input_ids", ids), ("positions", pos), ("slot_mapping", slots), ("carry_rows", carry),
                          ("sample_idx", sample_idx), ("seeds", seeds), ("sample_pos", sample_pos)):
         a, b = o64[name]
@@ -144,6 +157,5 @@ def fill_slot(plan: StepPlan, slot: IoSlot, block_size: int) -> Batch:
         npf[a:b] = values
 
     sizes = (max(e for _, e in o64.values()), max(e for _, e in o32.values()), max(e for _, e in of.values()))
-    return Batch(plan, slot, layout, sizes, qsl, lens, max(s.num_tokens for s in seqs), max(lens),
-                 any(t > 0 for t in temp), any(k > 0 or p < 1.0 for k, p in zip(top_k, top_p)),
-                 sum(1 for s in seqs if s.carry_row >= 0))
+    return Batch(plan, slot, layout, sizes, qsl, lens, max(q1 - q0 for q0, q1 in zip(qsl, qsl[1:])), max(lens),
+                 any_random, any_filter, sum(1 for s in seqs if s.carry_row >= 0))

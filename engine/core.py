@@ -11,7 +11,6 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from .batch import fill_slot
 from .request import Request, RequestHandle, TokenDelta
 from .runner import Launched, ModelRunner
 from .scheduler import Scheduler, StepPlan
@@ -101,9 +100,7 @@ class EngineCore:
         step.arrivals, self._new_arrivals = self._new_arrivals, []
         t1 = now()
         try:
-            slot = self.runner.slot_for(plan.step)
-            self.runner.wait_slot_free(slot)
-            step.batch = fill_slot(plan, slot, self.runner.block_size)
+            step.batch = self.runner.prepare(plan)
         except Exception as exc:
             self.fail(step, exc)
             return None

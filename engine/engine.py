@@ -50,7 +50,12 @@ class Engine:
         scheduler = Scheduler(self.allocator, config.block_size, config.max_batch_tokens, config.max_running,
                               self.max_model_len)
         runner = ModelRunner(self.model, self.kv, self.device, config.max_batch_tokens, config.max_running,
-                             max_blocks, kernel)
+                             max_blocks, kernel, config.cuda_graphs)
+        if runner.use_graphs:
+            from tqdm import tqdm
+            with tqdm(total=2 * len(runner.buckets), desc="batchscope: capturing decode CUDA graphs",
+                      leave=False) as bar:
+                runner.capture_decode_graphs(progress=bar.update)
         self._core = EngineCore(scheduler, runner, self.eos_token_ids, self._detokenize, self._stop_at)
         self._core.requested_mode = config.mode
         self._rng = random.Random(config.seed)
@@ -199,6 +204,7 @@ class Engine:
             "block_size": self.config.block_size, "num_blocks": num_blocks,
             "max_batch_tokens": self.config.max_batch_tokens, "max_running": self.config.max_running,
             "max_model_len": self.max_model_len, "attention": self.kernel,
+            "cuda_graphs": self._core.runner.use_graphs,
         }
 
 

@@ -38,7 +38,8 @@ def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
 
 
 class KVCache:
-    """Per layer (k, v) views of shape [num_blocks, block_size, kv_heads, head_dim] over one allocation."""
+    """Per layer (k, v) views of shape [num_blocks + 1, block_size, kv_heads, head_dim] over one allocation.
+    The extra block (`scratch_block`) belongs to no request: padding rows of graph-replayed steps write there."""
 
     def __init__(self, model_config, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
         self.num_layers = model_config.num_hidden_layers
@@ -46,7 +47,8 @@ class KVCache:
         self.head_dim = (getattr(model_config, "head_dim", None)
                          or model_config.hidden_size // model_config.num_attention_heads)
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.storage = torch.zeros(self.num_layers, 2, num_blocks, block_size, self.kv_heads, self.head_dim,
+        self.scratch_block = num_blocks
+        self.storage = torch.zeros(self.num_layers, 2, num_blocks + 1, block_size, self.kv_heads, self.head_dim,
                                    dtype=dtype, device=device)
         self.layers = [(self.storage[i, 0], self.storage[i, 1]) for i in range(self.num_layers)]
 
@@ -56,4 +58,4 @@ class KVCache:
         """How many blocks fit in `fraction` of the device's free memory (after the weights are loaded)."""
         free, _total = torch.cuda.mem_get_info(device)
         per_block = kv_bytes_per_token(model_config, dtype) * block_size
-        return max(2, int(free * fraction) // per_block)
+        return max(2, int(free * fraction) // per_block - 1)

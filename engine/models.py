@@ -84,6 +84,29 @@ def smollm2_checkpoint() -> Path:
     return target
 
 
+def smollm2_tokenizer() -> Path:
+    """The SmolLM2 tokenizer the random presets share: from the converted checkpoint if there is one, else
+    converted alone from the GGUF (seconds) so a random preset never pays for the model conversion."""
+    full = cache_dir() / "smollm2-135m"
+    if (full / "tokenizer.json").exists():
+        return full
+    target = cache_dir() / "smollm2-tokenizer"
+    if (target / "tokenizer.json").exists():
+        return target
+    from transformers import AutoTokenizer
+
+    gguf = _smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=target.parent))
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def _random_llama(config_kwargs: dict, seed: int, dtype: torch.dtype, device: torch.device):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -107,14 +130,14 @@ def load_model(config: EngineConfig, attn_implementation: str | None = None) -> 
         ckpt = smollm2_checkpoint()
         model, tokenizer = _load_checkpoint(str(ckpt), dtype, device)
     elif name == "tiny-random":
-        tokenizer = _tokenizer_from(smollm2_checkpoint())
+        tokenizer = _tokenizer_from(smollm2_tokenizer())
         model = _random_llama(dict(
             vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
             initializer_range=0.2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
         ), config.seed, dtype, device)
     elif name == "llama3-8b-random":
-        tokenizer = _tokenizer_from(smollm2_checkpoint())
+        tokenizer = _tokenizer_from(smollm2_tokenizer())
         model = _random_llama(dict(
             vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
             num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=16384,

@@ -5,6 +5,9 @@
     D2H stream:      wait(compute_end) -> copy sampled tokens device->host -> record d2h_end
 The host blocks in exactly one place, `wait()`, on d2h_end. On CPU there are no streams or events: `launch()`
 runs the step to completion and `wait()` returns at once, which keeps both loops valid there.
+
+Decode-only steps replay CUDA graphs (one per IO slot, batch-size bucket and sampling variant) with the
+carry-over gather and the sampling inside the graph, so a step costs the host one launch instead of hundreds.
 """
 from __future__ import annotations
 
@@ -15,9 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from .attention import AttentionMetadata
-from .batch import Batch, IoSlot
+from .batch import Batch, IoSlot, fill_slot
 from .kv_cache import KVCache
 from .sampler import sample
+from .scheduler import StepPlan
 
 EVENT_NAMES = ("h2d_start", "h2d_end", "compute_start", "compute_end", "d2h_start", "d2h_end")
 
@@ -44,10 +48,16 @@ class Launched:
     anchor: tuple[object, int] | None
 
 
+def graph_buckets(max_seqs: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, 129, 16)) + list(range(160, 1025, 32))
+    return [b for b in sizes if b < max_seqs] + [max_seqs]
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, max_tokens: int,
-                 max_seqs: int, max_blocks: int, kernel: str):
+                 max_seqs: int, max_blocks: int, kernel: str, cuda_graphs: bool = False):
         self.model, self.kv, self.device, self.kernel = model, kv, device, kernel
+        self.max_blocks = max_blocks
         self.base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         self.lm_head = model.get_output_embeddings()
         self.vocab = self.lm_head.weight.shape[0]
@@ -60,6 +70,26 @@ class ModelRunner:
             self.d2h_stream = torch.cuda.Stream(device)
             self.events = [SlotEvents(), SlotEvents()]
         self.last_out: torch.Tensor | None = None    # device output of the last launched step (carry source)
+        # graphs need a capturable attention kernel: the torch reference loops over host-side lengths
+        self.use_graphs = cuda_graphs and self.cuda and kernel == "triton"
+        self.buckets = graph_buckets(min(max_seqs, max_tokens))
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self.graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+
+    # -- prepare ------------------------------------------------------------------------------------------------
+    def prepare(self, plan: StepPlan) -> Batch:
+        """Fill the step's IO slot; decode-only steps get the fixed layout of their graph bucket."""
+        slot = self.slot_for(plan.step)
+        self.wait_slot_free(slot)
+        bucket = None
+        if self.use_graphs and all(s.num_tokens == 1 and s.sample for s in plan.seqs):
+            bucket = next((b for b in self.buckets if b >= len(plan.seqs)), None)
+        if bucket is None:
+            return fill_slot(plan, slot, self.block_size)
+        batch = fill_slot(plan, slot, self.block_size, pad_to=bucket, table_width=self.max_blocks,
+                          scratch_block=self.kv.scratch_block)
+        batch.graph_bucket = bucket
+        return batch
 
     def slot_for(self, step: int) -> IoSlot:
         return self.slots[step % 2]
@@ -113,9 +143,50 @@ class ModelRunner:
         return Launched(batch, ev, anchor)
 
     def _compute(self, batch: Batch, prev_out: torch.Tensor | None) -> None:
-        """Runs on the compute stream: carry-over gather first, then forward and sampling."""
+        """Runs on the compute stream: a graph replay for bucketed decode steps, else the eager forward."""
+        if batch.graph_bucket is None:
+            return self._forward(batch, prev_out)
+        key = (batch.slot.index, batch.graph_bucket, 2 if batch.any_filter else int(batch.any_random))
+        graph = self.graphs.get(key) or self._capture(key, batch)
+        graph.replay()
+
+    def _capture(self, key: tuple[int, int, int], batch: Batch) -> torch.cuda.CUDAGraph:
+        """Record one decode graph. The batch's views sit at the bucket's fixed offsets; the carry source is
+        always the other slot's output (consecutive steps alternate slots). Called on the compute stream."""
+        other = self.slots[1 - batch.slot.index].out_tokens
+        # warm-up outside the graph (kernel compilation, library handles), then capture
+        self._forward(batch, other)
+        graph = torch.cuda.CUDAGraph()
+        self.compute_stream.synchronize()
+        with torch.cuda.graph(graph, pool=self.graph_pool, stream=self.compute_stream):
+            self._forward(batch, other)
+        self.graphs[key] = graph
+        return graph
+
+    def capture_decode_graphs(self, progress=None) -> None:
+        """Warm-up at start: record the greedy decode graph of every bucket for both slots."""
+        if not self.use_graphs:
+            return
+        empty = StepPlan(step=-1, seqs=[], queue_depth=0, running=0)
+        todo = [(slot, b) for b in sorted(self.buckets, reverse=True) for slot in self.slots]
+        with torch.cuda.stream(self.compute_stream):
+            for slot, bucket in todo:
+                batch = fill_slot(empty, slot, self.block_size, pad_to=bucket, table_width=self.max_blocks,
+                                  scratch_block=self.kv.scratch_block)
+                batch.graph_bucket = bucket
+                n64, n32, nf = batch.sizes
+                slot.dev64[:n64].copy_(slot.host64[:n64])
+                slot.dev32[:n32].copy_(slot.host32[:n32])
+                slot.devf[:nf].copy_(slot.hostf[:nf])
+                self._capture((slot.index, bucket, 0), batch)
+                if progress is not None:
+                    progress()
+        torch.cuda.synchronize(self.device)
+
+    def _forward(self, batch: Batch, prev_out: torch.Tensor | None) -> None:
+        """Carry-over gather first, then the model forward and sampling."""
         input_ids = batch.view("input_ids")
-        if batch.num_carried:
+        if batch.num_carried or batch.graph_bucket is not None:
             # Placeholders become the tokens sampled by the previous step, still on the device.
             rows = batch.view("carry_rows")
             input_ids = torch.where(rows >= 0, prev_out[rows.clamp(min=0)], input_ids)
