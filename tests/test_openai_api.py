@@ -1,0 +1,149 @@
+"""The OpenAI-compatible routes, driven by the official `openai` client (streaming included)."""
+import json
+
+import httpx
+import openai
+import pytest
+
+from app.loadgen import Limits
+from app.server import ServerThread, create_app
+from app.state import AppState
+from engine.config import EngineConfig
+
+MODEL = "tiny-random"
+
+
+@pytest.fixture(scope="module")
+def server():
+    state = AppState.load(EngineConfig(model=MODEL, device="cpu", dtype="float32", num_blocks=256,
+                                       max_batch_tokens=256, max_running=32),
+                          Limits(max_prompt_tokens=256, max_new_tokens=64, max_burst_requests=8))
+    srv = ServerThread(create_app(state, ui=False)).start()
+    yield srv
+    srv.stop()
+    state.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    # no retries: a test must see the first answer, and a 4xx is never worth retrying
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_models_lists_the_loaded_model(client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_completion_fixed_length_with_usage(client):
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.object == "text_completion" and r.model == MODEL
+    assert r.choices[0].finish_reason == "length" and r.choices[0].text
+    assert r.usage.completion_tokens == 8 and r.usage.total_tokens == r.usage.prompt_tokens + 8
+
+
+def test_completion_stream_matches_non_stream(client):
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0].text
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+
+def test_completion_with_token_ids_and_several_prompts(client):
+    r = client.completions.create(model=MODEL, prompt=["first prompt", "second"], max_tokens=4, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1] and r.usage.completion_tokens == 8
+    r = client.completions.create(model=MODEL, prompt=[1500, 1501, 1502], max_tokens=3, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens == 3 and r.usage.completion_tokens == 3
+
+
+def test_several_prompts_stream_interleaved(client):
+    chunks = list(client.completions.create(model=MODEL, prompt=["a b c", "d e f"], max_tokens=5, stream=True,
+                                            temperature=0, extra_body={"ignore_eos": True}))
+    done = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(done) == [0, 1]
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kw = dict(model=MODEL, prompt="seeded", max_tokens=8, temperature=1.0, top_p=0.9, seed=1234,
+              extra_body={"ignore_eos": True, "top_k": 50})
+    assert client.completions.create(**kw).choices[0].text == client.completions.create(**kw).choices[0].text
+
+
+def test_stop_string_ends_the_text(client):
+    kw = dict(model=MODEL, prompt="Stop me", max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(**kw).choices[0].text
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    assert stop.strip(), f"need visible text to cut at: {full!r}"
+    r = client.completions.create(stop=[stop], **kw)
+    assert r.choices[0].finish_reason == "stop"
+    assert stop not in r.choices[0].text and full.startswith(r.choices[0].text)
+
+
+def test_chat_completion_and_stream(client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 6
+    stream = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True}))
+    assert stream[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == r.choices[0].message.content
+    assert stream[-1].usage.completion_tokens == 6 and stream[-1].usage.prompt_tokens == r.usage.prompt_tokens
+
+
+def test_chat_accepts_text_parts_and_max_completion_tokens(client):
+    r = client.chat.completions.create(model=MODEL, max_completion_tokens=3, temperature=0,
+                                       messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                                       extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("call, reason", [
+    (lambda c: c.completions.create(model=MODEL, prompt="x", n=2), "n must be 1"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=65), "over the limit"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=0), "max_new_tokens"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", temperature=-0.5), "temperature"),
+    (lambda c: c.completions.create(model=MODEL, prompt="", max_tokens=2), "empty"),
+    (lambda c: c.completions.create(model=MODEL, prompt=["x"] * 9, max_tokens=2), "over the limit"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", logprobs=2), "logprobs"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", presence_penalty=1.0), "presence_penalty"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[]), "messages"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]), "text only"),
+])
+def test_bad_requests_are_400_in_openai_shape(client, call, reason):
+    with pytest.raises(openai.BadRequestError) as e:
+        call(client)
+    assert e.value.status_code == 400
+    assert reason in e.value.body["message"]       # the client hands over the "error" object
+
+
+def test_bad_stream_request_fails_before_streaming(client):
+    with pytest.raises(openai.BadRequestError):
+        list(client.completions.create(model=MODEL, prompt="x", max_tokens=1000, stream=True))
+
+
+def test_raw_errors_and_recovery(server, client):
+    with httpx.Client(base_url=server.url) as h:
+        r = h.post("/v1/completions", content=b"{nope", headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and "JSON" in err["message"]
+        r = h.post("/v1/chat/completions", json={"model": MODEL})
+        assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+        # an SSE stream ends with [DONE]
+        r = h.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2, "stream": True})
+        lines = [ln for ln in r.text.splitlines() if ln.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]" and json.loads(lines[0][6:])["object"] == "text_completion"
+    r = client.completions.create(model=MODEL, prompt="after the errors", max_tokens=2,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 2
