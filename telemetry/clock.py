@@ -1,17 +1,21 @@
 """CUDA events -> host microseconds, without ever synchronising.
 
 A CUDA event has no absolute time; `a.elapsed_time(b)` only gives the device time between two completed events
-(it is a query, not a wait). The engine records an anchor event while the device has no queued work and notes the
-host `perf_counter_ns()` at that moment, so the anchor's device time is (almost exactly) that host time. Any
-later event then sits at `anchor_host + anchor.elapsed_time(event)`. The engine re-anchors on idle periods, which
-bounds drift between the device and host clocks.
+(a query, not a wait). When it launches a step on an idle device, the engine records an anchor event and notes
+the host `perf_counter_ns()` at that moment, so the anchor's device time is (almost exactly) that host time. Any
+later event then sits at `anchor_host + anchor.elapsed_time(event)`. The newest anchor is kept for the steps that
+come without one (async steady state: the device is never idle). Keeping it is safe: the engine re-records an
+anchor only on an idle launch, and that step's trace, carrying the new pair, is the next one delivered.
 
-Two causal bounds keep the mapping honest when the anchor is a little off: a step's device work cannot start
-before the host began building the step, and its D2H copy cannot end after the host stopped waiting for it. A
-violated bound shifts the mapping just enough to hold, and the shift is kept until the next anchor.
+Bounds keep the mapping honest when the anchor is a little off or the two clocks drift apart during a long busy
+stretch: a step's device work cannot start before the host began building it, and its D2H copy cannot end after
+the host stopped waiting for it (both strict); when the host really blocked in its wait, the copy ended at most
+`wake_slack_us` before the host woke (the wake-up is what ends the wait). A violated bound shifts the mapping
+just enough, and the shift is kept until the next anchor. Gap lengths come from device times alone, so the shift
+moves spans relative to the host lanes but never changes a gap.
 
 Only events of the trace being delivered are read: they are complete (the step was consumed) and they will be
-re-recorded two steps later, so nothing here keeps a reference to them.
+re-recorded two steps later, so no reference to them is kept.
 """
 from __future__ import annotations
 
@@ -19,9 +23,10 @@ from engine.trace import GPU_PHASES
 
 
 class EventClock:
-    def __init__(self, origin_ns: int):
+    def __init__(self, origin_ns: int, wake_slack_us: float = 500.0):
         self.origin_ns = origin_ns
-        self._anchor_key: tuple[int, int] | None = None   # (id(event), host_ns) of the anchor in use
+        self.wake_slack_ns = wake_slack_us * 1000.0
+        self._anchor: tuple | None = None     # (event, host_ns) of the newest anchor
         self._shift_ns = 0.0
         self.anchors = 0          # distinct anchors seen
         self.corrections = 0      # times a causal bound moved the mapping
@@ -38,8 +43,13 @@ class EventClock:
         if not events:
             return None, "none"
         try:
-            if trace.anchor is not None:
-                return self._anchored(events, trace.anchor, trace.host), "gpu"
+            if trace.anchor is not None and trace.anchor is not self._anchor:
+                if self._anchor is None or trace.anchor[1] != self._anchor[1]:
+                    self._shift_ns = 0.0        # a fresh anchor: forget the old correction
+                    self.anchors += 1
+                self._anchor = trace.anchor
+            if self._anchor is not None:
+                return self._anchored(events, self._anchor, trace.host), "gpu"
             return self._by_wait(events, trace.host), "gpu_wait"
         except Exception as exc:   # an unrecorded or incomplete event: report it, never wait for it
             self.failures += 1
@@ -48,11 +58,6 @@ class EventClock:
 
     def _anchored(self, events: dict, anchor: tuple, host: dict) -> dict:
         anchor_event, anchor_ns = anchor
-        key = (id(anchor_event), anchor_ns)
-        if key != self._anchor_key:           # a fresh anchor: forget the old correction
-            self._anchor_key = key
-            self._shift_ns = 0.0
-            self.anchors += 1
         ns = {}
         for phase in GPU_PHASES:
             pair = events.get(phase)
@@ -60,21 +65,28 @@ class EventClock:
                 start, end = pair
                 ns[phase] = [anchor_ns + anchor_event.elapsed_time(start) * 1e6,
                              anchor_ns + anchor_event.elapsed_time(end) * 1e6]
-        self._apply_bounds(ns, host)
+        if ns:
+            self._apply_bounds(ns, host)
         return {p: [self._us(a + self._shift_ns), self._us(b + self._shift_ns)] for p, (a, b) in ns.items()}
 
     def _apply_bounds(self, ns: dict, host: dict) -> None:
-        if not ns:
-            return
-        first = min(a for a, _ in ns.values()) + self._shift_ns
-        last = max(b for _, b in ns.values()) + self._shift_ns
-        lo = min(a for a, _ in host.values()) if host else None      # the host began building this step
-        hi = host["wait"][1] if "wait" in host else None              # the host saw this step's copy complete
-        if hi is not None and last > hi:
-            self._shift_ns -= last - hi
-            self.corrections += 1
-        elif lo is not None and first < lo:
-            self._shift_ns += lo - first
+        first = min(a for a, _ in ns.values())
+        last = ns["d2h"][1] if "d2h" in ns else max(b for _, b in ns.values())
+        low = high = None
+        if host:
+            low = min(a for a, _ in host.values()) - first          # built before it ran
+        wait = host.get("wait")
+        if wait is not None:
+            high = wait[1] - last                                      # copied before the host saw it
+            if wait[1] - wait[0] > self.wake_slack_ns:                 # the host blocked: it woke on the copy
+                low = max(low if low is not None else -float("inf"), wait[1] - self.wake_slack_ns - last)
+        shift = self._shift_ns
+        if low is not None and shift < low:
+            shift = low
+        if high is not None and shift > high:                          # the strict bound wins a conflict
+            shift = high
+        if shift != self._shift_ns:
+            self._shift_ns = shift
             self.corrections += 1
 
     def _by_wait(self, events: dict, host: dict) -> dict:

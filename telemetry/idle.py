@@ -6,10 +6,11 @@ The gap is [previous step's compute end, this step's compute start]. Each instan
 - before that, the host span running at that instant is the cause ("schedule", "fill", "launch", "wait",
   "update" of whichever step it belonged to), except that the host waiting while the previous step's D2H copy
   ran counts as "d2h";
+- time spent inside telemetry's own observer callback is "telemetry" (so its cost is never hidden);
 - time no host span covers is "empty_queue" when the engine had no request at all (every request of this step
-  arrived after the instant), otherwise "host_other" (loop overhead between the spans).
-The breakdown sums to the gap; the cause is its largest part. Host spans of one engine thread never overlap, so
-at most one covers any instant.
+  arrived after that instant), otherwise "host_other" (loop bookkeeping between spans, other observers).
+The parts sum to the gap; `idle_cause` is the largest. Host spans come from one engine thread, so they never
+overlap and one sweep in time order labels the whole gap.
 """
 from __future__ import annotations
 
@@ -17,22 +18,29 @@ from collections import deque
 
 from engine.trace import HOST_PHASES
 
+_LABELS = frozenset(HOST_PHASES + ("telemetry",))
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
 
 class IdleAttributor:
-    def __init__(self, history: int = 3):
+    def __init__(self, history: int = 32):
         self._prev_end: float | None = None
         self._prev_d2h: list | None = None
-        self._recent_cpu: deque = deque(maxlen=history)   # cpu span dicts of the last few steps
+        self._spans: deque = deque(maxlen=history)    # recent host spans (start, end, label), in time order
 
-    def reset(self) -> None:
-        self._prev_end = None
-        self._prev_d2h = None
-        self._recent_cpu.clear()
+    def note(self, label: str, span: list) -> None:
+        """A host span outside any step (telemetry's own callback) that later gaps may overlap."""
+        self._spans.append((span[0], span[1], label))
 
     def attribute(self, cpu: dict, gpu: dict | None, compute: list | None,
                   empty_until: float | None) -> tuple[float | None, str | None, dict]:
         """-> (gpu_idle_before_us, idle_cause, {cause: us}). `empty_until`: the first arrival of this step's
         requests when all of them are new (the engine was empty before it), else None."""
+        for phase, (s, e) in cpu.items():
+            self._spans.append((s, e, phase if phase in _LABELS else "host_other"))
         idle, cause, parts = None, None, {}
         if compute is not None and self._prev_end is not None:
             g0, g1 = self._prev_end, compute[0]
@@ -42,44 +50,50 @@ class IdleAttributor:
                 cause = max(parts, key=parts.get) if parts else None
             else:
                 idle = 0.0
-        self._recent_cpu.append(cpu)
         if compute is not None:
             self._prev_end = compute[1]
             self._prev_d2h = gpu.get("d2h") if gpu else None
         return idle, cause, parts
 
     def _split(self, g0: float, g1: float, cpu: dict, gpu: dict | None, empty_until: float | None) -> dict:
-        spans = [(s, e, phase) for spans in (*self._recent_cpu, cpu) for phase, (s, e) in spans.items()
-                 if e > g0 and s < g1]
-        h2d = gpu.get("h2d") if gpu else None
-        launch_end = cpu["launch"][1] if "launch" in cpu else None
-        cuts = {g0, g1}
-        for s, e, _ in spans:
-            cuts.update((s, e))
-        for extra in (h2d, self._prev_d2h):
-            if extra:
-                cuts.update(extra)
-        if launch_end is not None:
-            cuts.add(launch_end)
-        if empty_until is not None:
-            cuts.add(empty_until)
-        points = sorted(t for t in cuts if g0 <= t <= g1)
         parts: dict[str, float] = {}
-        for a, b in zip(points, points[1:]):
-            if b > a:
-                label = self._label((a + b) / 2, spans, h2d, launch_end, empty_until)
-                parts[label] = parts.get(label, 0.0) + (b - a)
-        return {k: round(v, 1) for k, v in parts.items()}
 
-    def _label(self, t, spans, h2d, launch_end, empty_until) -> str:
-        if launch_end is not None and t >= launch_end:
-            return "h2d" if h2d and h2d[0] <= t < h2d[1] else "launch"
-        for s, e, phase in spans:
-            if s <= t < e:
-                d2h = self._prev_d2h
-                if phase == "wait" and d2h and d2h[0] <= t < d2h[1]:
-                    return "d2h"
-                return phase if phase in HOST_PHASES else "host_other"
-        if empty_until is not None and t < empty_until:
-            return "empty_queue"
-        return "host_other"
+        def add(label: str, us: float) -> None:
+            if us > 0:
+                parts[label] = parts.get(label, 0.0) + us
+
+        def uncovered(a: float, b: float) -> None:
+            if empty_until is not None and a < empty_until:
+                add("empty_queue", min(b, empty_until) - a)
+                a = min(b, empty_until)
+            add("host_other", b - a)
+
+        # after the launch ended the device side is the cause: the H2D copy, or launch latency
+        launch_end = cpu["launch"][1] if "launch" in cpu else None
+        host_end = g1
+        if launch_end is not None and launch_end < g1:
+            host_end = max(g0, launch_end)
+            h2d = gpu.get("h2d") if gpu else None
+            in_h2d = _overlap(host_end, g1, *h2d) if h2d else 0.0
+            add("h2d", in_h2d)
+            add("launch", g1 - host_end - in_h2d)
+
+        # before it, whatever the host thread was doing
+        t = g0
+        d2h = self._prev_d2h
+        for s, e, label in sorted(x for x in self._spans if x[1] > g0 and x[0] < host_end):
+            s, e = max(s, t), min(e, host_end)
+            if e <= s:
+                continue
+            if s > t:
+                uncovered(t, s)
+            if label == "wait" and d2h:
+                copying = _overlap(s, e, *d2h)
+                add("d2h", copying)
+                add("wait", e - s - copying)
+            else:
+                add(label, e - s)
+            t = e
+        if t < host_end:
+            uncovered(t, host_end)
+        return {k: round(v, 1) for k, v in parts.items()}

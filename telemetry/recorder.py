@@ -13,6 +13,7 @@ dropped) past its caps; only the last `max_recordings` recordings are kept.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict, deque
 from typing import Callable
 
@@ -64,6 +65,8 @@ class Recorder:
         self.steps_seen = 0
         self.last_step: int | None = None
         self.out_of_order = 0
+        self.observer_ns = 0            # time spent in our own callback, to report what telemetry costs
+        self.observer_max_ns = 0
         self.evicted_active = 0
         self.max_recording_steps = max_recording_steps
         self.max_recordings = max_recordings
@@ -88,6 +91,7 @@ class Recorder:
         self.publish("mode", rec)
 
     def _on_step(self, tr: StepTrace) -> None:
+        entered = time.perf_counter_ns()
         us = self._us
         cpu = {phase: [us(a), us(b)] for phase, (a, b) in tr.host.items()}
         if tr.gpu_events:
@@ -116,6 +120,10 @@ class Recorder:
         self._to_recording("steps", rec)
         self.publish("step", rec)
         self._update_requests(tr, cpu)
+        left = time.perf_counter_ns()
+        self.idle.note("telemetry", [us(entered), us(left)])
+        self.observer_ns += left - entered
+        self.observer_max_ns = max(self.observer_max_ns, left - entered)
 
     def _update_requests(self, tr: StepTrace, cpu: dict) -> None:
         if not (tr.arrivals or tr.tokens or tr.finished or tr.preempted):
@@ -186,7 +194,7 @@ class Recorder:
         return out
 
     def snapshot(self) -> dict:
-        return {"steps": list(self.steps), "requests": list(self.requests) + self.active_requests(),
+        return {"steps": _in_step_order(list(self.steps)), "requests": list(self.requests) + self.active_requests(),
                 "nvml": list(self.nvml), "mode_changes": list(self.mode_changes)}
 
     def start_recording(self, name: str, now_us: float) -> Recording:
@@ -226,5 +234,13 @@ class Recorder:
         if rec.stop_us is None:          # still running: include requests in flight
             known = {r["id"] for r in requests}
             requests += [r for r in self.active_requests() if r["id"] not in known]
-        return rec, {"steps": list(rec.steps), "requests": requests, "nvml": list(rec.nvml),
+        return rec, {"steps": _in_step_order(list(rec.steps)), "requests": requests, "nvml": list(rec.nvml),
                      "mode_changes": list(rec.mode_changes)}
+
+
+def _in_step_order(steps: list) -> list:
+    """Steps sorted by number. The engine reports a step that failed while being built or launched at once,
+    which can be before the step launched ahead of it; exports must still read in step order."""
+    if all(a["step"] < b["step"] for a, b in zip(steps, steps[1:])):
+        return steps
+    return sorted(steps, key=lambda r: r["step"])

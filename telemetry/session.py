@@ -44,7 +44,8 @@ class Telemetry:
                                unix_origin_ns=self.unix_origin_ns,
                                use_nvml=bool(self.device and self.device.startswith("cuda")))
         self.sampler.start()
-        engine.add_observer(self._observe)
+        self._observer = self._observe      # one bound method: the engine removes observers by identity
+        engine.add_observer(self._observer)
 
     # ---- the engine thread ---------------------------------------------------------------------------------
     def _observe(self, event) -> None:
@@ -71,6 +72,8 @@ class Telemetry:
             "device": self.device, "sampler": s["sampler"], "sampler_hz": s["hz"], "busy_note": BUSY_NOTE,
             "clock": rec.clock.status(), "steps_seen": rec.steps_seen, "ring_steps": len(rec.steps),
             "out_of_order_steps": rec.out_of_order, "observer_errors": self.observer_errors,
+            "observer_us_mean": round(rec.observer_ns / rec.steps_seen / 1000, 1) if rec.steps_seen else None,
+            "observer_us_max": round(rec.observer_max_ns / 1000, 1),
             "last_observer_error": self.last_observer_error,
             "recording": rec.recording.name if rec.recording else None,
             "subscribers": self.hub.subscribers, "hub_pending_overflow": self.hub.pending_overflow,
@@ -171,7 +174,7 @@ class Telemetry:
             return
         self._closed = True
         try:
-            self.engine.remove_observer(self._observe)
+            self.engine.remove_observer(self._observer)
         except Exception:
             pass
         self.sampler.close()

@@ -71,8 +71,7 @@ class SyntheticEngine:
         self.running: list[_Req] = []
         self.pending: _Built | None = None
         self.outputs: dict[str, int] = {}       # id -> tokens delivered (what a caller would have received)
-        self._anchor_event = FakeEvent()
-        self._anchor: tuple | None = None
+        self._anchor_events = [FakeEvent(), FakeEvent()]    # one per IO slot, like the engine's SlotEvents
         self._next_id = 0
         self.config = EngineConfig(model="synthetic", device="cuda:0" if gpu else "cpu", mode=mode,
                                    block_size=block_size, num_blocks=num_blocks, max_running=max_running)
@@ -178,20 +177,21 @@ class SyntheticEngine:
         self.step_no += 1
         host = {"schedule": self._host(20 + 1.0 * len(reqs)), "fill": self._host(15 + 0.5 * len(reqs))}
         work_us = self.compute_us + self.per_token_us * (prefill + decode)
-        busy_at_build = self.pending.trace.step if self.pending and self.gpu_free > host["schedule"][0] else None
+        in_flight = self.pending.trace.step if self.pending is not None else None
         tr = StepTrace(step=n, mode=self.mode, slot=n % 2, request_ids=[r.id for r in reqs],
                        prefill_tokens=prefill, decode_tokens=decode, sampled=len(reqs),
                        carried=decode if self.mode == "async" and self.pending else 0,
                        kv_blocks_used=self._blocks_used(), kv_blocks_total=self.num_blocks,
                        queue_depth=queue_depth, running=len(self.running), arrivals=arrivals,
-                       built_during_step=busy_at_build)
+                       built_during_step=in_flight, consumed_at_launch=in_flight)
         events, d2h_end = [], 0
         if self.gpu:
             launch = self._host(40)
             host["launch"] = launch
-            if self.gpu_free <= launch[0] and self.copy_free <= launch[0]:   # idle device: re-anchor here
-                self._anchor_event.t_ms = self._dev_ms(launch[0]) + self.anchor_error_us / 1000.0
-                self._anchor = (self._anchor_event, launch[0])
+            if self.pending is None:          # launched on an idle device: re-anchor (like the engine)
+                anchor = self._anchor_events[tr.slot]
+                anchor.t_ms = self._dev_ms(max(launch[0], self.gpu_free, self.copy_free)) + self.anchor_error_us / 1e3
+                tr.anchor = (anchor, launch[0])
             h2d = (launch[0] + 5_000, launch[0] + 5_000 + int(self.h2d_us * 1000))
             c0 = max(h2d[1], self.gpu_free)
             compute = (c0, c0 + int(work_us * 1000))
@@ -211,8 +211,6 @@ class SyntheticEngine:
         wait0 = self.t
         self.t = max(self.t + 1000, built.d2h_end + 8_000 if built.d2h_end else 0)   # wake-up after the copy
         tr.host["wait"] = (wait0, self.t)
-        if launched is not None:
-            launched.trace.consumed_at_launch = tr.step
         for r in built.reqs:
             r.inflight -= 1
             r.out += 1
@@ -222,7 +220,6 @@ class SyntheticEngine:
                 tr.finished.append((r.id, "length", r.prompt, r.out))
                 self.running.remove(r)
         tr.host["update"] = self._host(15 + 1.0 * len(built.reqs))
-        tr.anchor = self._anchor if self.gpu else None
         self._emit(tr)
         for ev in built.events:      # the slot's events get re-recorded later: a late reader would fail
             ev.t_ms = None
