@@ -1,0 +1,132 @@
+"""CUDA events onto the host clock: anchors, drift, bounds, and never waiting on an incomplete event."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from telemetry.clock import EventClock
+from telemetry.synthetic import FakeEvent
+
+ORIGIN = 1_000_000_000          # the session origin, host ns
+
+
+class Device:
+    """A device clock: dev_ms = (host_ns * (1 + drift) + offset_ns) / 1e6."""
+
+    def __init__(self, offset_ms=7_777.0, drift_ppm=0.0):
+        self.offset_ns, self.drift = offset_ms * 1e6, drift_ppm * 1e-6
+
+    def event(self, host_ns):
+        return FakeEvent((host_ns * (1 + self.drift) + self.offset_ns) / 1e6)
+
+
+def trace(dev, t_ns, anchor=None, wait_extra_ns=8_000, step=0, queued_ns=0):
+    """A step built at host time t_ns: 50 µs of build, then H2D 20 µs, compute 1 ms, D2H 10 µs. `queued_ns`
+    delays the device work (async: the step waits behind the previous one)."""
+    sched, fill, launch = (t_ns, t_ns + 20_000), (t_ns + 20_000, t_ns + 40_000), (t_ns + 40_000, t_ns + 50_000)
+    h2d = (t_ns + 45_000 + queued_ns, t_ns + 65_000 + queued_ns)
+    comp = (h2d[1], h2d[1] + 1_000_000)
+    d2h = (comp[1], comp[1] + 10_000)
+    wait = (launch[1], d2h[1] + wait_extra_ns)
+    update = (wait[1], wait[1] + 20_000)
+    spans = {"h2d": h2d, "compute": comp, "d2h": d2h}
+    tr = SimpleNamespace(step=step, host={"schedule": sched, "fill": fill, "launch": launch, "wait": wait,
+                                          "update": update},
+                         gpu_events={p: (dev.event(a), dev.event(b)) for p, (a, b) in spans.items()},
+                         anchor=anchor)
+    truth = {p: [(a - ORIGIN) / 1000, (b - ORIGIN) / 1000] for p, (a, b) in spans.items()}
+    return tr, truth
+
+
+def test_an_anchor_maps_events_onto_host_time():
+    dev, clock = Device(), EventClock(ORIGIN)
+    t = ORIGIN + 5_000_000
+    tr, truth = trace(dev, t, anchor=(dev.event(t), t))
+    gpu, basis = clock.resolve(tr, tr.host)
+    assert basis == "gpu"
+    for phase, (s, e) in truth.items():
+        assert gpu[phase] == pytest.approx([s, e], abs=0.11)
+    assert clock.corrections == 0
+
+
+def test_the_newest_anchor_serves_later_steps_without_one():
+    dev, clock = Device(), EventClock(ORIGIN)
+    t = ORIGIN + 5_000_000
+    anchor = (dev.event(t), t)
+    clock.resolve(trace(dev, t, anchor=anchor)[0], {})
+    tr, truth = trace(dev, t + 50_000_000, step=1)           # 50 ms later, no anchor in this trace
+    gpu, basis = clock.resolve(tr, tr.host)
+    assert basis == "gpu"
+    assert gpu["compute"] == pytest.approx(truth["compute"], abs=0.11)
+    assert clock.anchors == 1
+
+
+def test_drift_during_a_long_busy_stretch_is_held_inside_causal_bounds():
+    # async steady state: each step is built ~1 ms before it runs, the engine never re-anchors, and the device
+    # clock runs 300 ppm slow, so events drift early; only "the host woke when the copy ended" can hold them
+    dev, clock = Device(drift_ppm=-300.0), EventClock(ORIGIN, wake_slack_us=100.0)
+    t = ORIGIN + 1_000_000
+    anchor = (dev.event(t), t)
+    worst = 0.0
+    for i in range(400):                                      # ~0.4 s of steps
+        tr, truth = trace(dev, t, anchor=anchor if i == 0 else None, step=i, queued_ns=900_000)
+        gpu, _ = clock.resolve(tr, tr.host)
+        host = {p: [(a - ORIGIN) / 1000, (b - ORIGIN) / 1000] for p, (a, b) in tr.host.items()}
+        assert gpu["h2d"][0] >= host["schedule"][0] - 0.1
+        assert gpu["d2h"][1] <= host["wait"][1] + 0.1
+        # durations come from the device alone; the 300 ppm rate error only scales them
+        assert gpu["compute"][1] - gpu["compute"][0] == pytest.approx(1000.0, rel=1e-3)
+        worst = max(worst, abs(gpu["compute"][0] - truth["compute"][0]))
+        t += 1_100_000
+    assert clock.corrections > 0
+    assert worst < 100.0          # without the wake bound the drift reaches ~130 µs
+
+
+def test_an_anchor_noted_late_is_pulled_back_by_the_wait():
+    dev, clock = Device(), EventClock(ORIGIN)
+    t = ORIGIN + 5_000_000
+    # the host noted the anchor 300 µs after the device recorded it: every event would map 300 µs late
+    tr, truth = trace(dev, t, anchor=(dev.event(t), t + 300_000))
+    gpu, _ = clock.resolve(tr, tr.host)
+    wait_end = (tr.host["wait"][1] - ORIGIN) / 1000
+    assert gpu["d2h"][1] == pytest.approx(wait_end, abs=0.11)
+    assert gpu["compute"][0] == pytest.approx(truth["compute"][0] + 8.0, abs=0.2)   # within the wake-up delay
+    assert clock.corrections == 1
+
+
+def test_a_fresh_anchor_forgets_the_old_correction():
+    dev, clock = Device(), EventClock(ORIGIN)
+    t = ORIGIN + 5_000_000
+    clock.resolve(trace(dev, t, anchor=(dev.event(t), t + 300_000))[0], {})
+    assert clock._shift_ns != 0
+    t2 = t + 10_000_000
+    tr, truth = trace(dev, t2, anchor=(dev.event(t2), t2), step=1)
+    gpu, _ = clock.resolve(tr, tr.host)
+    assert gpu["compute"] == pytest.approx(truth["compute"], abs=0.11)
+    assert clock.anchors == 2
+
+
+def test_without_any_anchor_the_copy_ends_when_the_wait_ends():
+    dev, clock = Device(), EventClock(ORIGIN)
+    tr, truth = trace(dev, ORIGIN + 5_000_000)
+    gpu, basis = clock.resolve(tr, tr.host)
+    assert basis == "gpu_wait"
+    assert gpu["d2h"][1] == pytest.approx((tr.host["wait"][1] - ORIGIN) / 1000, abs=0.11)
+    assert gpu["compute"][1] - gpu["compute"][0] == pytest.approx(1000.0, abs=0.2)
+
+
+def test_an_incomplete_event_is_reported_not_waited_for():
+    dev, clock = Device(), EventClock(ORIGIN)
+    t = ORIGIN + 5_000_000
+    tr, _ = trace(dev, t, anchor=(dev.event(t), t))
+    tr.gpu_events["d2h"][1].t_ms = None                    # still queued on the device
+    gpu, basis = clock.resolve(tr, tr.host)
+    assert gpu is None and basis == "none"
+    assert clock.failures == 1 and "not ready" in clock.last_error
+
+
+def test_cpu_traces_have_nothing_to_resolve():
+    clock = EventClock(ORIGIN)
+    tr = SimpleNamespace(step=0, host={}, gpu_events=None, anchor=None)
+    assert clock.resolve(tr, {}) == (None, "none")
