@@ -145,7 +145,7 @@ def _decode_split_kernel(
     else:
         # An empty split stores lse = -inf (log2(0)), which the merge reads as weight 0.
         part = (b * NUM_HEADS + head) * NUM_SPLITS + split
-        tl.store(part_lse + part, m_i + tl.log2(l_i), mask=row_ok)
+        tl.store(part_lse + part, tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
         tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask)
 
 
@@ -313,7 +313,8 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta) 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
                  sliding_window: int | None = None, num_splits: int | None = None, block_n: int | None = None,
-                 min_split_keys: int = MIN_KEYS_PER_SPLIT, out: torch.Tensor | None = None) -> torch.Tensor:
+                 min_split_keys: int = MIN_KEYS_PER_SPLIT, num_stages: int | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """One query per request (rows with none are skipped). Capturable: the grid is (B, KVH, num_splits).
 
     num_splits: None picks `decode_splits` from the block table's width (the longest context it can hold) and
@@ -332,6 +333,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     block_n = block_n or _decode_block_n(q.dtype, D)
     if out is None:
         out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+    if T == 0 or B == 0:
+        return out
     direct = num_splits == 1
     if direct:
         part_out = part_lse = out  # unused
@@ -348,7 +351,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         NUM_HEADS=H, G=G, G_PAD=_pow2(max(16, G)), HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, MIN_TILES=max(1, min_split_keys // block_n),
         USE_WINDOW=bool(sliding_window), DIRECT_OUT=direct, PRECISION=_precision(q.dtype), DOT_F32=_dot_f32(q.dtype),
-        num_warps=4, num_stages=3 if q.element_size() <= 2 else 2)
+        num_warps=4, num_stages=num_stages or (3 if q.element_size() <= 2 else 2))
     if not direct:
         _decode_merge_kernel[(B, H)](
             part_out, part_lse, meta.query_start_loc, out, out.stride(0), out.stride(1),
@@ -377,6 +380,8 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     block_q = max(1, block_m // G_PAD, 16 // G_PAD)
     if out is None:
         out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+    if T == 0 or B == 0:
+        return out
     _prefill_kernel[(T // block_q + B, KVH)](
         q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
         scale * LOG2E, int(sliding_window or 0), B,

@@ -1,0 +1,263 @@
+"""The Triton paged-attention kernels give the torch reference's answer, read only device tensors, and replay
+inside a CUDA graph as lengths and block tables change.
+
+Without a GPU the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny shapes; with one, the
+`gpu`-marked tests run them compiled, on realistic shapes.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    # Must be set before the kernels are decorated, i.e. before engine.attention_triton is imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
+
+from engine.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
+from engine import attention_triton as at  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter_index_fix():
+    """Triton < 3.9's interpreter turns a loaded scalar (a 1-element array) into a Python int with int(array),
+    which numpy >= 2.4 refuses; loop bounds read from memory hit it. Newer Triton squeezes first; so do we."""
+    if not INTERPRETED:
+        yield
+        return
+    import triton.runtime.interpreter as interp
+
+    original = interp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interp._patch_lang_tensor = patched
+    yield
+    interp._patch_lang_tensor = original
+
+
+def make_inputs(seq_lens, query_lens, heads, kv_heads, head_dim, block_size, dtype, device="cpu", seed=0):
+    """A random paged cache with shuffled, non-contiguous block tables, and q as the transpose that
+    transformers hands over ([1, H, T, D] -> [T, H, D]). Unused table entries point at real blocks holding
+    random data, so a kernel that reads past a request's length gets a wrong answer rather than a lucky one."""
+    gen = torch.Generator().manual_seed(seed)
+    n_blocks = [(s + block_size - 1) // block_size for s in seq_lens]
+    max_blocks = max(n_blocks) + 2
+    num_blocks = sum(n_blocks) + 4
+    order = torch.randperm(num_blocks, generator=gen)
+    tables = torch.randint(0, num_blocks, (len(seq_lens), max_blocks), generator=gen, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(n_blocks):
+        tables[b, :n] = order[used:used + n]
+        used += n
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    qsl = [0]
+    for n in query_lens:
+        qsl.append(qsl[-1] + n)
+    total = qsl[-1]
+    q = torch.randn(1, heads, total, head_dim, generator=gen).to(dtype)[0].transpose(0, 1)
+    slots = []
+    for b, (n, ctx) in enumerate(zip(query_lens, seq_lens)):
+        for pos in range(ctx - n, ctx):
+            slots.append(int(tables[b, pos // block_size]) * block_size + pos % block_size)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=tables.to(device),
+        query_start_host=qsl, seq_lens_host=list(seq_lens),
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        kv_caches=[(k_cache.to(device), v_cache.to(device))], kernel="triton")
+    k_cache, v_cache = meta.kv_caches[0]
+    return q.to(device), k_cache, v_cache, meta
+
+
+def reference(q, k_cache, v_cache, meta, scale, window=None):
+    """The torch reference in float32 on the same (already rounded) inputs."""
+    return paged_attention_torch(q.float(), k_cache.float(), v_cache.float(), meta, scale, window)
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def check(out, ref, dtype):
+    assert out.shape == ref.shape
+    assert torch.isfinite(out.float()).all()
+    err = rel_err(out, ref)
+    assert err < TOL[dtype], f"relative error {err:.2e} >= {TOL[dtype]:.0e}"
+
+
+interp = pytest.mark.skipif(not INTERPRETED, reason="CPU interpreter tests run where there is no CUDA device")
+
+
+def gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")(test))
+
+# Tiny shapes for the interpreter: lengths around and not on block boundaries, one shorter than a block.
+CTX = [37, 80, 5, 16]
+GQA_SHAPES = [(1, 2, 64), (4, 2, 128), (8, 1, 64)]   # (group size, kv heads, head_dim)
+
+
+# ------------------------------------------------------------------------------------------------ interpreter
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group,kv_heads,head_dim", GQA_SHAPES)
+def test_decode_matches_reference_in_interpreter(dtype, group, kv_heads, head_dim):
+    q, kc, vc, meta = make_inputs(CTX, [1] * len(CTX), group * kv_heads, kv_heads, head_dim, 16, dtype)
+    # Small tiles and splits so each request spans several tiles and several splits (some of them empty).
+    out = at.paged_decode(q, kc, vc, meta, head_dim ** -0.5, num_splits=3, block_n=16, min_split_keys=16)
+    check(out, reference(q, kc, vc, meta, head_dim ** -0.5), dtype)
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group,kv_heads,head_dim", GQA_SHAPES)
+def test_prefill_matches_reference_in_interpreter(dtype, group, kv_heads, head_dim):
+    # Whole prompts, a chunk continuing earlier context (30 of 80), and a single decode token mixed in.
+    q, kc, vc, meta = make_inputs([37, 80, 5, 40], [37, 30, 1, 17], group * kv_heads, kv_heads, head_dim, 16,
+                                  dtype)
+    out = at.paged_prefill(q, kc, vc, meta, head_dim ** -0.5, block_m=32, block_n=16)
+    check(out, reference(q, kc, vc, meta, head_dim ** -0.5), dtype)
+
+
+@interp
+@pytest.mark.parametrize("block_size,block_n", [(32, 16), (16, 64)])
+def test_tiles_smaller_and_larger_than_a_block(block_size, block_n):
+    q, kc, vc, meta = make_inputs(CTX, [1] * len(CTX), 8, 2, 64, block_size, torch.float32, seed=1)
+    out = at.paged_decode(q, kc, vc, meta, 0.125, num_splits=2, block_n=block_n, min_split_keys=16)
+    check(out, reference(q, kc, vc, meta, 0.125), torch.float32)
+    q, kc, vc, meta = make_inputs([37, 80], [20, 80], 8, 2, 64, block_size, torch.float32, seed=2)
+    out = at.paged_prefill(q, kc, vc, meta, 0.125, block_m=32, block_n=block_n)
+    check(out, reference(q, kc, vc, meta, 0.125), torch.float32)
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sliding_window_in_interpreter(dtype):
+    q, kc, vc, meta = make_inputs(CTX, [1] * len(CTX), 8, 2, 64, 16, dtype, seed=3)
+    out = at.paged_decode(q, kc, vc, meta, 0.125, 20, num_splits=3, block_n=16, min_split_keys=16)
+    check(out, reference(q, kc, vc, meta, 0.125, 20), dtype)
+    q, kc, vc, meta = make_inputs([37, 80, 5, 40], [37, 30, 1, 17], 8, 2, 64, 16, dtype, seed=4)
+    out = at.paged_prefill(q, kc, vc, meta, 0.125, 20, block_m=32, block_n=16)
+    check(out, reference(q, kc, vc, meta, 0.125, 20), dtype)
+
+
+@interp
+def test_requests_without_queries_are_skipped():
+    # A padded slot (no query, no context) between real requests, in both paths.
+    q, kc, vc, meta = make_inputs([37, 0, 20], [1, 0, 1], 8, 2, 64, 16, torch.float32, seed=5)
+    out = at.paged_decode(q, kc, vc, meta, 0.125, num_splits=2, block_n=16, min_split_keys=16)
+    check(out, reference(q, kc, vc, meta, 0.125), torch.float32)
+    q, kc, vc, meta = make_inputs([37, 9, 20], [37, 0, 3], 8, 2, 64, 16, torch.float32, seed=6)
+    out = at.paged_prefill(q, kc, vc, meta, 0.125, block_m=16, block_n=16)
+    check(out, reference(q, kc, vc, meta, 0.125), torch.float32)
+
+
+@interp
+def test_dispatcher_picks_the_path_from_max_query_len():
+    q, kc, vc, meta = make_inputs(CTX, [1] * len(CTX), 8, 2, 64, 16, torch.float32, seed=7)
+    check(at.paged_attention_triton(q, kc, vc, meta, 0.125), reference(q, kc, vc, meta, 0.125), torch.float32)
+    q, kc, vc, meta = make_inputs([37, 50], [37, 2], 8, 2, 64, 16, torch.float32, seed=8)
+    check(at.paged_attention_triton(q, kc, vc, meta, 0.125), reference(q, kc, vc, meta, 0.125), torch.float32)
+
+
+def test_decode_splits_fill_the_gpu_without_overshooting():
+    assert at.decode_splits(256, 16) == 1
+    assert at.decode_splits(8448, 16) == 33
+    assert at.decode_splits(1 << 20, 16) == at.MAX_SPLITS
+    # A big batch already fills the SMs: fewer splits, less partial-output traffic.
+    assert at.decode_splits(8448, 16, batch_size=32, num_kv_heads=8, num_sms=132) == 5
+    assert at.decode_splits(8448, 16, batch_size=1, num_kv_heads=8, num_sms=132) == 33
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+GPU_CASES = [  # (dtype, group, kv_heads, head_dim, block_size)
+    (torch.bfloat16, 1, 8, 128, 16), (torch.bfloat16, 4, 8, 128, 16), (torch.bfloat16, 8, 4, 128, 16),
+    (torch.bfloat16, 4, 8, 64, 16), (torch.bfloat16, 8, 2, 64, 32), (torch.float32, 4, 8, 128, 16),
+    (torch.float32, 1, 4, 64, 32), (torch.float16, 4, 8, 128, 16),
+]
+
+
+def _rand_lens(n, lo, hi, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi, (n,), generator=gen).tolist()
+
+
+@pytest.mark.parametrize("window", [None, 300])
+@pytest.mark.parametrize("dtype,group,kv_heads,head_dim,block_size", GPU_CASES)
+@gpu
+def test_gpu_decode_matches_reference(dtype, group, kv_heads, head_dim, block_size, window):
+    lens = _rand_lens(13, 1, 3000, seed=head_dim + group) + [1, block_size, 4096]
+    q, kc, vc, meta = make_inputs(lens, [1] * len(lens), group * kv_heads, kv_heads, head_dim, block_size, dtype,
+                                  device="cuda", seed=11)
+    out = at.paged_attention_triton(q, kc, vc, meta, head_dim ** -0.5, window)
+    check(out, reference(q, kc, vc, meta, head_dim ** -0.5, window), dtype)
+    for splits in (1, 7):
+        out = at.paged_decode(q, kc, vc, meta, head_dim ** -0.5, window, num_splits=splits)
+        check(out, reference(q, kc, vc, meta, head_dim ** -0.5, window), dtype)
+
+
+@pytest.mark.parametrize("window", [None, 300])
+@pytest.mark.parametrize("dtype,group,kv_heads,head_dim,block_size", GPU_CASES)
+@gpu
+def test_gpu_prefill_matches_reference(dtype, group, kv_heads, head_dim, block_size, window):
+    # Full prompts, chunks continuing cached context, and single decode tokens in one varlen batch.
+    lens = [700, 1500, 33, 900, 2000, 17, 4100]
+    qlens = [700, 256, 1, 1, 513, 17, 1]
+    q, kc, vc, meta = make_inputs(lens, qlens, group * kv_heads, kv_heads, head_dim, block_size, dtype,
+                                  device="cuda", seed=12)
+    out = at.paged_attention_triton(q, kc, vc, meta, head_dim ** -0.5, window)
+    check(out, reference(q, kc, vc, meta, head_dim ** -0.5, window), dtype)
+
+
+@gpu
+def test_gpu_decode_replays_in_a_cuda_graph_as_lengths_and_tables_change():
+    heads, kv_heads, head_dim, block_size, batch = 32, 8, 128, 16, 8
+    q, kc, vc, meta = make_inputs([300] * batch, [1] * batch, heads, kv_heads, head_dim, block_size,
+                                  torch.bfloat16, device="cuda", seed=13)
+    scale = head_dim ** -0.5
+    at.paged_decode(q, kc, vc, meta, scale)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = at.paged_decode(q, kc, vc, meta, scale)
+    gen = torch.Generator().manual_seed(14)
+    for lens in ([1, 17, 300, 16, 250, 3, 120, 299], [64, 2, 5, 299, 31, 200, 90, 1]):
+        # New lengths, new random tables and new queries, written in place into the captured tensors.
+        table = torch.randint(0, kc.shape[0], tuple(meta.block_tables.shape), generator=gen, dtype=torch.int32)
+        q.copy_(torch.randn(q.shape, generator=gen).to(q.dtype))
+        meta.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        meta.block_tables.copy_(table)
+        meta.seq_lens_host = lens
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, reference(q, kc, vc, meta, scale), torch.bfloat16)
+
+
+@gpu
+def test_gpu_kernels_never_synchronise_with_the_host():
+    q, kc, vc, meta = make_inputs([100, 2000, 7], [1, 1, 1], 32, 8, 128, 16, torch.bfloat16, device="cuda",
+                                  seed=16)
+    qp, kcp, vcp, metap = make_inputs([100, 2000, 7], [100, 64, 1], 32, 8, 128, 16, torch.bfloat16,
+                                      device="cuda", seed=17)
+    at.paged_attention_triton(q, kc, vc, meta, 0.1)
+    at.paged_attention_triton(qp, kcp, vcp, metap, 0.1)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        at.paged_attention_triton(q, kc, vc, meta, 0.1)
+        at.paged_attention_triton(qp, kcp, vcp, metap, 0.1, 64)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
