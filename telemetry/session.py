@@ -15,7 +15,7 @@ import time
 from .export import build_timeline, created_now, shift_records
 from .hub import Hub, request_view
 from .nvml import BUSY_NOTE, Sampler, unix_origin_ns
-from .records import SCHEMA_ID, span_end
+from .records import SCHEMA_ID, span_end, span_start
 from .recorder import Recorder
 from .summary import compare, summarize, union_length
 
@@ -131,9 +131,9 @@ class Telemetry:
         if rec is None:
             return {}
         _, parts = self.recorder.recording_snapshot(rec.name)
+        t0, t1 = _window(parts["steps"], rec.start_us, rec.stop_us)
         rec.summary = {"recording": rec.name, **summarize(parts["steps"], parts["requests"], parts["nvml"],
-                                                             self.info, self.bandwidth_gbps, rec.start_us,
-                                                             rec.stop_us)}
+                                                             self.info, self.bandwidth_gbps, t0, t1)}
         return rec.summary
 
     def recordings(self) -> list[str]:
@@ -159,7 +159,7 @@ class Telemetry:
             rec, raw = self.recorder.recording_snapshot(recording)
             origin = rec.start_us
             parts = shift_records(raw, -origin)
-            t0, t1 = 0.0, (rec.stop_us - origin) if rec.stop_us is not None else None
+            t0, t1 = _window(parts["steps"], 0.0, rec.stop_us - origin if rec.stop_us is not None else None)
             rec_meta = {"name": rec.name, "start_us": rec.start_us, "stop_us": rec.stop_us,
                         "dropped": dict(rec.dropped)}
         summary = summarize(parts["steps"], parts["requests"], parts["nvml"], self.info, self.bandwidth_gbps,
@@ -185,3 +185,13 @@ class Telemetry:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _window(steps: list, start_us: float, stop_us: float | None) -> tuple[float, float | None]:
+    """A recording's summary window: from its start to its stop, widened to cover every step it recorded (a
+    step built just before the start can be delivered just after it)."""
+    first = min((span_start(r) for r in steps if r["cpu"]), default=None)
+    last = max((span_end(r) for r in steps if r["cpu"]), default=None)
+    t0 = min(start_us, first) if first is not None else start_us
+    t1 = stop_us if last is None else (last if stop_us is None else max(stop_us, last))
+    return t0, t1

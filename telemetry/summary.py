@@ -181,7 +181,7 @@ def floor(steps, info: dict, bandwidth_gbps: float | None, decode_ms_p50: float 
     nbytes = weights + (per_token or 0) * ctx
     floor_ms = nbytes / (bandwidth_gbps * 1e9) * 1e3
     out.update(floor_bytes_per_step=int(nbytes), floor_ms_per_step=round(floor_ms, 4),
-               floor_ratio=round(decode_ms_p50 / floor_ms, 3) if decode_ms_p50 else None)
+               floor_ratio=round(decode_ms_p50 / floor_ms, 4) if decode_ms_p50 else None)
     return out
 
 

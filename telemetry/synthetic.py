@@ -5,6 +5,8 @@ engine's observer contract (engine/trace.py): host spans in perf_counter ns, CUD
 has its own offset and drift, an anchor re-recorded whenever the device is idle, events invalidated once their
 trace was delivered (the real engine re-records them two steps later), requests that arrive, prefill, decode and
 finish by length. Virtual time only moves when a step runs or `idle()` is called, so runs are deterministic.
+With `realtime=True` the engine also sleeps until the wall clock catches up with it after each iteration, so its
+steps arrive at the pace they claim (live demos, recordings started and stopped by the wall clock).
 """
 from __future__ import annotations
 
@@ -53,8 +55,9 @@ class SyntheticEngine:
     def __init__(self, gpu: bool = True, mode: str = "async", seed: int = 0, compute_us: float = 2000.0,
                  per_token_us: float = 1.0, h2d_us: float = 30.0, d2h_us: float = 20.0, host_scale: float = 1.0,
                  clock_offset_ms: float = 5_000.0, drift_ppm: float = 0.0, anchor_error_us: float = 0.0,
-                 max_running: int = 32, block_size: int = 16, num_blocks: int = 4096):
+                 max_running: int = 32, block_size: int = 16, num_blocks: int = 4096, realtime: bool = False):
         self.gpu = gpu
+        self.realtime = realtime
         self.mode = mode
         self._next_mode = mode
         self._rng = random.Random(seed)
@@ -111,6 +114,8 @@ class SyntheticEngine:
     def idle(self, us: float) -> None:
         """Let virtual time pass with nothing to do (the engine waits for requests)."""
         self.t += int(us * 1000)
+        if self.realtime:
+            time.sleep(max(0, self.t - time.perf_counter_ns()) / 1e9)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.pending)
@@ -136,10 +141,14 @@ class SyntheticEngine:
         if self.mode == "sync":
             if new is not None:
                 self._consume(new, None)
-            return int(new is not None)
-        previous, self.pending = self.pending, new
-        if previous is not None:
-            self._consume(previous, new)
+        else:
+            previous, self.pending = self.pending, new
+            if previous is not None:
+                self._consume(previous, new)
+        if self.realtime:
+            ahead = self.t - time.perf_counter_ns()
+            if ahead > 0:
+                time.sleep(ahead / 1e9)
         return int(new is not None)
 
     def _drain(self) -> None:
