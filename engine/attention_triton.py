@@ -373,9 +373,15 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     G = H // KVH
     G_PAD = _pow2(G)
     D_PAD = _pow2(max(16, D))
-    wide = q.element_size() > 2 or D_PAD > 128
-    block_m = block_m or (64 if wide else 128)
-    block_n = block_n or (32 if wide else 64)
+    if q.element_size() > 2:
+        # fp32 runs exact (non-tensor-core) dots: small tiles keep registers and compile time in check.
+        cfg_m, cfg_n, warps, stages = 32, 32, 4, 2
+    elif D_PAD > 128:
+        cfg_m, cfg_n, warps, stages = 64, 32, 4, 2
+    else:
+        cfg_m, cfg_n, warps, stages = 128, 64, 8, 3
+    block_m = block_m or cfg_m
+    block_n = block_n or cfg_n
     # Rows are (token, head) pairs: BLOCK_Q tokens x G_PAD heads, and at least 16 rows for the tensor cores.
     block_q = max(1, block_m // G_PAD, 16 // G_PAD)
     if out is None:
@@ -391,7 +397,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         G=G, G_PAD=G_PAD, HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
         SEARCH_STEPS=max(1, math.ceil(math.log2(max(B, 1)))) + 1, USE_WINDOW=bool(sliding_window),
         PRECISION=_precision(q.dtype), DOT_F32=_dot_f32(q.dtype),
-        num_warps=4 if wide or block_q * G_PAD <= 64 else 8, num_stages=2 if wide else 3)
+        num_warps=warps if block_q * G_PAD > 64 else 4, num_stages=stages)
     return out
 
 

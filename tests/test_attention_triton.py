@@ -165,6 +165,17 @@ def test_requests_without_queries_are_skipped():
 
 
 @interp
+def test_group_size_that_is_not_a_power_of_two():
+    # SmolLM2-135M's shape: 9 query heads over 3 KV heads (groups of 3, padded to 4 / 16 rows inside).
+    q, kc, vc, meta = make_inputs(CTX, [1] * len(CTX), 9, 3, 64, 16, torch.float32, seed=9)
+    out = at.paged_decode(q, kc, vc, meta, 0.125, num_splits=2, block_n=16, min_split_keys=16)
+    check(out, reference(q, kc, vc, meta, 0.125), torch.float32)
+    q, kc, vc, meta = make_inputs([37, 50], [37, 2], 9, 3, 64, 16, torch.float32, seed=10)
+    out = at.paged_prefill(q, kc, vc, meta, 0.125, block_m=16, block_n=16)
+    check(out, reference(q, kc, vc, meta, 0.125), torch.float32)
+
+
+@interp
 def test_dispatcher_picks_the_path_from_max_query_len():
     q, kc, vc, meta = make_inputs(CTX, [1] * len(CTX), 8, 2, 64, 16, torch.float32, seed=7)
     check(at.paged_attention_triton(q, kc, vc, meta, 0.125), reference(q, kc, vc, meta, 0.125), torch.float32)
