@@ -27,6 +27,11 @@ HEAD = ('<script src="/static/plotly.min.js"></script>\n'
         '<script src="/static/timeline.js"></script>')
 CSS = (ASSETS / "style.css").read_text(encoding="utf-8") if (ASSETS / "style.css").exists() else ""
 
+# System fonts only: Gradio's default theme would load its fonts from /static/fonts, a path the app gives to assets/.
+THEME = gr.themes.Default(primary_hue="blue", neutral_hue="slate",
+                          font=["Inter", "ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"],
+                          font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"])
+
 POLL_S = 0.3          # how often a running burst / A/B is polled for progress
 TERMINAL = {"done", "finished", "complete", "completed", "error", "failed", "cancelled"}
 
@@ -83,7 +88,8 @@ def _status_bits(st: dict) -> dict:
         nvml = nvml.get("available")
     device = str(_first(st, "device", default="?"))
     return {"model": str(model), "device": device, "gpu": str(gpu) if gpu else "none",
-            "nvml": bool(nvml), "mode": _first(st, "mode", default="?")}
+            "nvml": bool(nvml), "nvml_reason": _first(st, "nvml_reason", default=""),
+            "busy_note": _first(st, "busy_note", default=""), "mode": _first(st, "mode", default="?")}
 
 
 # ----------------------------------------------------------------------------------------------- HTML blocks
@@ -108,7 +114,8 @@ def header_html(state) -> str:
         ("running", "bs-st-running"), ("waiting", "bs-st-waiting"), ("KV", "bs-st-kv"),
         ("busy (events)", "bs-st-busy"), ("NVML" if b["nvml"] else "CPU", "bs-st-nvml"), ("tok/s", "bs-st-tps")))
         if live else '<span class="bs-stat">replay of a recorded timeline: no model loaded, live controls off</span>')
-    why = WHY_GPU if b["nvml"] else WHY_CPU
+    why = (b["busy_note"] or WHY_GPU) if b["nvml"] else WHY_CPU
+    reason = f' <span class="bs-reason">({e(b["nvml_reason"])})</span>' if b["nvml_reason"] and not b["nvml"] else ""
     return f"""
 <div class="bs-header">
   <div class="bs-brand">batchscope<span class="bs-sub">continuous batching, sync vs async</span></div>
@@ -119,7 +126,7 @@ def header_html(state) -> str:
   <span>model <b id="bs-model">{e(b["model"])}</b></span>
   <span>device <b id="bs-device">{e(b["device"])}</b></span>
   <span>GPU <b id="bs-gpu">{e(b["gpu"])}</b></span>
-  <span>NVML <b id="bs-nvml">{"available" if b["nvml"] else "not available"}</b></span>
+  <span>NVML <b id="bs-nvml">{"available" if b["nvml"] else "not available"}</b>{reason}</span>
   <span class="bs-why" title="{e(why)}">{e(why)}</span>
 </div>"""
 
@@ -157,13 +164,28 @@ def results_html(res: dict | None, table_id: str = "bs-burst-results") -> str:
         p = res.get(key) or {}
         rows.append(f"<tr><th>{label} <small>ms</small></th>"
                     + "".join(f"<td>{_num(p.get(q))}</td>" for q in ("p50", "p90", "p99")) + "</tr>")
+    util_label, util = _util(res)
     extra = [("output tokens/s", res.get("output_tokens_per_s"), 1), ("requests/s", res.get("requests_per_s"), 2),
-             ("GPU busy % (events)", res.get("busy_pct"), 1), ("NVML / CPU util %", _first(res, "nvml_util", "nvml_util_pct"), 1),
-             ("requests", _first(res, "completed", "num_requests", "requests"), 0),
-             ("wall time s", _first(res, "duration_s", "wall_s", "elapsed_s"), 2)]
+             (_busy_label(res), res.get("busy_pct"), 1), (util_label, util, 1),
+             ("requests completed", _first(res, "completed", "num_requests"), 0),
+             ("requests failed", res.get("failed") or None, 0),
+             ("wall time s", _first(res, "duration_s", "wall_s"), 2)]
     tail = "".join(f'<tr><th>{label}</th><td colspan="3">{_num(v, d)}</td></tr>' for label, v, d in extra if v is not None)
     return (f'<table id="{table_id}" class="bs-table"><thead><tr><th></th><th>p50</th><th>p90</th><th>p99</th></tr>'
             f'</thead><tbody>{"".join(rows)}{tail}</tbody></table>')
+
+
+def _busy_label(res: dict) -> str:
+    basis = (res.get("telemetry") or {}).get("busy_basis")
+    return "compute busy % (host spans)" if basis == "host" else "GPU busy % (events)"
+
+
+def _util(res: dict) -> tuple[str, Any]:
+    """NVML utilization over the burst's window, or host CPU % where there is no NVML."""
+    tel = res.get("telemetry") or {}
+    if tel.get("gpu_util_mean") is not None:
+        return "NVML util % (mean)", tel["gpu_util_mean"]
+    return "host CPU % (mean)", tel.get("cpu_pct_mean")
 
 
 def _ratio(a: Any, b: Any) -> str:
@@ -183,11 +205,11 @@ def ab_html(ab: dict) -> str:
             rows.append((f"{label} {q} <small>ms</small>", vs, va, 1))
     rows += [("output tokens/s", s.get("output_tokens_per_s"), a.get("output_tokens_per_s"), 1),
              ("requests/s", s.get("requests_per_s"), a.get("requests_per_s"), 2),
-             ("GPU busy % (events)", s.get("busy_pct"), a.get("busy_pct"), 1)]
-    nv_s, nv_a = _first(s, "nvml_util", "nvml_util_pct"), _first(a, "nvml_util", "nvml_util_pct")
+             (_busy_label(s or a), s.get("busy_pct"), a.get("busy_pct"), 1)]
+    (util_label, nv_s), (_, nv_a) = _util(s), _util(a)
     if nv_s is not None or nv_a is not None:
-        rows.append(("NVML / CPU util %", nv_s, nv_a, 1))
-    dur_s, dur_a = _first(s, "duration_s", "wall_s", "elapsed_s"), _first(a, "duration_s", "wall_s", "elapsed_s")
+        rows.append((util_label, nv_s, nv_a, 1))
+    dur_s, dur_a = _first(s, "duration_s", "wall_s"), _first(a, "duration_s", "wall_s")
     if dur_s is not None or dur_a is not None:
         rows.append(("wall time s", dur_s, dur_a, 2))
     body = "".join(f"<tr><th>{label}</th><td>{_num(vs, d)}</td><td>{_num(va, d)}</td><td>{_ratio(vs, va)}</td></tr>"
@@ -196,7 +218,8 @@ def ab_html(ab: dict) -> str:
     if isinstance(speedup, dict):
         speedup = _first(speedup, "output_tokens_per_s", "throughput", "e2e", default=None)
     head = (f'<div class="bs-speedup">async speedup <b id="bs-ab-speedup">{_num(speedup, 2)}×</b>'
-            f'<span>GPU busy: sync {_num(s.get("busy_pct"))}% → async {_num(a.get("busy_pct"))}%</span></div>'
+            f'<span>{_busy_label(s or a)}: sync {_num(s.get("busy_pct"))}% → async {_num(a.get("busy_pct"))}%</span>'
+            f'<span>(output tokens/s, same burst and seed)</span></div>'
             if speedup is not None else "")
     return (f'{head}<table id="bs-ab-results" class="bs-table bs-ab"><thead><tr><th></th>'
             f'<th class="sync">sync</th><th class="async">async</th><th>async / sync</th></tr></thead>'

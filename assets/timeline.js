@@ -22,11 +22,11 @@
     sync: "#ea580c", async: "#2563eb",
   };
   // Idle gaps are coloured by what the host was doing meanwhile: a host phase keeps that phase's colour.
+  // "empty_queue" (no request at all) is not the host's fault: grey. "host_other" is loop overhead between spans.
   const CAUSE_COLOR = {
-    none: "#94a3b8", idle: "#94a3b8", no_work: "#94a3b8", empty: "#94a3b8", waiting_for_work: "#94a3b8",
-    mode_switch: "#f43f5e", drain: "#f43f5e", host: "#ef4444", other: "#ef4444", unknown: "#ef4444",
+    empty_queue: "#94a3b8", none: "#94a3b8", host_other: "#ef4444", h2d: "#f59e0b", d2h: "#a855f7",
   };
-  const NO_WORK = new Set(["none", "idle", "no_work", "empty", "waiting_for_work"]);
+  const NO_WORK = new Set(["empty_queue", "none"]);
   const SPARE = ["#b91c1c", "#0f766e", "#7c2d12", "#4d7c0f", "#be185d", "#1e40af"];
   const LANES = [{ key: "mode", label: "mode" }]
     .concat(HOST.map(k => ({ key: k, group: "cpu", label: "host · " + k })))
@@ -124,7 +124,7 @@
   }
   function causeColor(cause) {
     if (!cause) return CAUSE_COLOR.none;
-    if (COLOR[cause] && HOST.includes(cause)) return COLOR[cause];
+    if (HOST.includes(cause)) return COLOR[cause];
     if (CAUSE_COLOR[cause]) return CAUSE_COLOR[cause];
     let h = 0;
     for (const ch of String(cause)) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
@@ -162,10 +162,14 @@
     }
     r._s = isFinite(s) ? s : (r.t_us || 0);
     r._e = isFinite(e) ? e : r._s;
-    const c = span(r, "gpu", "compute");
-    const launch = span(r, "cpu", "launch");
-    r._c = c ? c[0] : (launch ? launch[1] : r._s);
-    r._tok = pick(r, "sampled", "output_tokens") ?? (r.decode_tokens || 0);
+    // The compute span: CUDA events on a GPU; on CPU telemetry gives the host launch span instead
+    // (compute_basis "host"), since the forward runs inside launch there.
+    const ev = span(r, "gpu", "compute");
+    const cu = Array.isArray(r.compute_us) && r.compute_us[0] !== null && r.compute_basis !== "none" ? r.compute_us : null;
+    r._cs = ev || cu;
+    r._hostCompute = !ev && !!cu && r.compute_basis === "host";
+    r._c = r._cs ? r._cs[0] : r._s;
+    r._tok = pick(r, "tokens_out", "sampled") ?? (r.decode_tokens || 0);
     return r;
   }
 
@@ -200,10 +204,16 @@
   }
 
   function addNvml(list) {
+    let last = null;
     for (const s of list || []) {
       if (!s || typeof s.t_us !== "number") continue;
       store.nvml.push(s);
       seen(s.t_us);
+      last = s;
+    }
+    if (last) {
+      const v = last.gpu_util !== null && last.gpu_util !== undefined ? last.gpu_util : pick(last, "cpu_pct");
+      setText("bs-st-nvml", fmt(v) + "%");
     }
     trim();
   }
@@ -336,9 +346,10 @@
     setText("bs-st-running", fmt(pick(s, "running", "num_running")));
     setText("bs-st-waiting", fmt(pick(s, "waiting", "queue_depth", "queued", "queue")));
     setText("bs-st-kv", fmt(kv) + "%");
-    setText("bs-st-busy", fmt(pick(s, "busy_pct", "gpu_busy_pct", "event_busy_pct")) + "%");
-    setText("bs-st-nvml", fmt(pick(s, "nvml_util", "gpu_util", "nvml_gpu_util", "cpu_util", "cpu_pct")) + "%");
-    setText("bs-st-tps", fmt(pick(s, "tokens_per_s", "output_tokens_per_s", "tok_per_s")));
+    setText("bs-st-busy", fmt(pick(s, "busy_pct_1s", "busy_pct")) + "%");
+    const util = pick(s, "nvml_util", "gpu_util");
+    if (util !== undefined) setText("bs-st-nvml", fmt(util) + "%");
+    setText("bs-st-tps", fmt(pick(s, "tokens_per_s", "output_tokens_per_s")));
     if (s.mode) setMode(s.mode);
   }
 
@@ -377,8 +388,8 @@
           <span class="bs-counter" id="bs-counter"></span>
         </span>
         <span class="bs-group">
-          <a id="bs-dl-json" class="bs-btn" href="${withToken("/api/timeline.json")}" download="batchscope-timeline.json" title="The recording so far: batchscope.timeline/1 JSON">⤓ timeline JSON</a>
-          <a id="bs-dl-trace" class="bs-btn" href="${withToken("/api/trace.json")}" download="batchscope-trace.json" title="Chrome Trace Event format: open in ui.perfetto.dev">⤓ Perfetto trace</a>
+          <a id="bs-dl-json" class="bs-btn" href="${withToken("/api/timeline.json?download=true")}" download="batchscope-timeline.json" title="The recording so far: batchscope.timeline/1 JSON">⤓ timeline JSON</a>
+          <a id="bs-dl-trace" class="bs-btn" href="${withToken("/api/trace.json?download=true")}" download="batchscope-trace.json" title="Chrome Trace Event format: open in ui.perfetto.dev">⤓ Perfetto trace</a>
         </span>
         <span class="bs-group" id="bs-rec-group">
           <input id="bs-rec-name" class="bs-input" placeholder="recording name" size="14">
@@ -428,7 +439,7 @@
       const name = ev.target.value;
       if (!name) return;
       const a = document.createElement("a");
-      a.href = withToken("/api/timeline.json?recording=" + encodeURIComponent(name));
+      a.href = withToken("/api/timeline.json?download=true&recording=" + encodeURIComponent(name));
       a.download = "batchscope-" + name + ".json";
       document.body.appendChild(a); a.click(); a.remove();
       ev.target.value = "";
@@ -502,7 +513,7 @@
         note("recording “" + name + "”", false);
       } else {
         const res = await api("/api/recording/stop", "POST", {});
-        const n = res && pick(res, "steps", "num_steps");
+        const n = res && (pick(res, "steps", "num_steps") ?? pick(res.summary || {}, "steps"));
         note("saved “" + recording + "”" + (n !== undefined ? " (" + n + " steps)" : ""), false);
         recording = null;
         $("bs-rec-name").disabled = false; $("bs-rec-name").value = "";
@@ -725,11 +736,13 @@
     const traces = [];
     const lanes = {};
     for (const k of HOST.concat(GPU)) lanes[k] = [];
+    const hostCompute = [];                          // CPU runs: the host span that did the forward
     const gaps = {};                                 // cause -> spans
     let gpuSeen = false;
     for (const s of steps) {
       for (const k of HOST) { const v = span(s, "cpu", k); if (v) lanes[k].push([v[0], v[1]]); }
       for (const k of GPU) { const v = span(s, "gpu", k); if (v) { lanes[k].push([v[0], v[1]]); gpuSeen = true; } }
+      if (s._hostCompute) hostCompute.push([s._cs[0], s._cs[1]]);
       const gap = s.gpu_idle_before_us;
       if (gap > 0) {
         const cause = s.idle_cause || "none";
@@ -745,6 +758,9 @@
     for (const k of HOST.concat(GPU)) {
       const y = LANE_Y[k];
       if (lanes[k].length) traces.push(rects(merged(lanes[k], px), y - h, y + h, COLOR[k], k));
+    }
+    if (hostCompute.length) {
+      traces.push(rects(merged(hostCompute, px), LANE_Y.compute - h, LANE_Y.compute + h, "rgba(22,163,74,0.45)", "compute (host)"));
     }
     for (const r of modeRuns(steps)) {
       traces.push(rects([[Math.max(r.lo, lo), Math.min(r.hi, hi)]], LANE_Y.mode - h, LANE_Y.mode + h,
@@ -765,6 +781,10 @@
         for (const k of GPU) {
           const v = span(s, "gpu", k);
           if (v) { hx.push((v[0] + v[1]) / 2e6); hy.push(LANE_Y[k]); ht.push(`step ${s.step} · ${k} ${((v[1] - v[0]) / 1000).toFixed(3)} ms · ${s.num_requests} req · ${s.prefill_tokens}+${s.decode_tokens} tok`); }
+        }
+        if (s._hostCompute) {
+          hx.push((s._cs[0] + s._cs[1]) / 2e6); hy.push(LANE_Y.compute);
+          ht.push(`step ${s.step} · compute (host) ${((s._cs[1] - s._cs[0]) / 1000).toFixed(3)} ms · ${s.num_requests} req · ${s.prefill_tokens}+${s.decode_tokens} tok`);
         }
         if (s.gpu_idle_before_us > 0) {
           hx.push((s._c - s.gpu_idle_before_us / 2) / 1e6); hy.push(LANE_Y.idle);
@@ -791,8 +811,10 @@
       annotations.push({ xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false, font: { size: 13, color: "#94a3b8" },
         text: view.source === "replay" ? "no steps in this window" : "waiting for steps: type a prompt or fire a burst" });
     } else if (!gpuSeen) {
-      annotations.push({ xref: "paper", yref: "y", x: 0.5, y: LANE_Y.compute, showarrow: false, font: { size: 11, color: "#94a3b8" },
-        text: "no GPU stream events on this device (CPU): GPU lanes stay empty" });
+      annotations.push({ xref: "paper", yref: "y", x: 0.99, xanchor: "right", y: LANE_Y.h2d, showarrow: false,
+        font: { size: 10.5, color: "#64748b" }, bgcolor: "rgba(248,250,252,0.9)",
+        text: hostCompute.length ? "CPU run: no CUDA events; the compute lane shows the host forward (launch span)"
+                                 : "no GPU stream events on this device" });
     }
     const layout = baseLayout(lo, hi, {
       height: 318, margin: { l: 108, r: 12, t: 24, b: 26 }, showlegend: false, hovermode: "closest",
@@ -867,10 +889,10 @@
 
     // GPU busy %: union of compute spans per bin, measured with events; NVML beside it.
     const busy = new Float64Array(bins.count), tok = new Float64Array(bins.count), pre = new Float64Array(bins.count);
-    let gpuSeen = false;
+    let gpuSeen = false, hostBasis = false;
     for (const s of steps) {
-      const c = span(s, "gpu", "compute");
-      if (c) { gpuSeen = true; addOverlap(busy, bins, c[0], c[1]); }
+      const c = s._cs;
+      if (c) { gpuSeen = true; hostBasis = hostBasis || s._hostCompute; addOverlap(busy, bins, c[0], c[1]); }
       const i = Math.floor((s._e - bins.lo) / bins.w);
       if (i >= 0 && i < bins.count) { tok[i] += s._tok; pre[i] += s.prefill_tokens || 0; }
     }
@@ -884,20 +906,19 @@
     for (const s of d.nvml) {
       if (s.t_us < lo || s.t_us > hi) continue;
       const v = s.gpu_util !== undefined && s.gpu_util !== null ? (nvKey = nvKey || "gpu_util", s.gpu_util)
-        : pick(s, "cpu_util", "cpu_pct", "cpu_percent");
+        : pick(s, "cpu_pct", "cpu_util", "cpu_percent");
       if (v === undefined || v === null) continue;
       if (!nvKey) nvKey = "cpu";
       nv.x.push(s.t_us / 1e6); nv.y.push(v);
     }
     const nvName = nvKey === "gpu_util" ? "NVML util" : "host CPU % (no NVML)";
+    const busyName = hostBasis ? "compute busy % (host spans)" : "event busy %";
     const busyTraces = [];
-    if (gpuSeen) busyTraces.push(line("event busy %", { x: bx, y: by }, COLOR.compute, { fill: "tozeroy", fillcolor: "rgba(22,163,74,0.12)" }));
-    busyTraces.push(line(nvName, nv, "#475569", { mode: "lines+markers", marker: { size: 3 }, line: { color: "#475569", width: 1.2, dash: "dash" } }));
+    if (gpuSeen) busyTraces.push(line(busyName, { x: bx, y: by }, COLOR.compute, { fill: "tozeroy", fillcolor: "rgba(22,163,74,0.12)" }));
+    busyTraces.push(line(nvName, nv, "#475569", { mode: "lines", line: { color: "#475569", width: 1.2, dash: "dash" } }));
     draw($("bs-c-busy"), busyTraces, baseLayout(lo, hi, {
-      height: 210, title: titled(gpuSeen ? "GPU busy % (CUDA events) vs NVML" : "GPU busy % · " + nvName),
+      height: 210, title: titled(nvKey === "gpu_util" ? "GPU busy %: CUDA events vs NVML" : "Busy %: compute spans vs host CPU"),
       yaxis: { range: [0, 105], gridcolor: GRID, ticksuffix: "%", tickfont: { size: 10 }, zeroline: false }, shapes,
-      annotations: gpuSeen || steps.length === 0 ? [] : [{ xref: "paper", yref: "paper", x: 0.02, y: 0.9, xanchor: "left", showarrow: false,
-        text: "no CUDA events on CPU: event busy % n/a", font: { size: 10, color: "#94a3b8" } }],
     }));
 
     draw($("bs-c-tps"), [

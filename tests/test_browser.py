@@ -1,0 +1,264 @@
+"""The page in a real browser: Playwright driving Debian's Chromium (headless) against the real server.
+
+A user's story on a tiny random model on the CPU: open the page, stream a prompt, flip sync/async and see the mode
+and a marker on the timeline, fire a burst and watch the Gantt and the charts grow, run an A/B, download the
+timeline JSON and load it back as a replay; then a replay-only server (no model) shows a recording with the live
+controls off. Every request the page makes must stay on 127.0.0.1.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+from app.loadgen import Limits  # noqa: E402
+from app.server import ServerThread, create_app  # noqa: E402
+from app.state import AppState  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from telemetry import SCHEMA_ID, validate_timeline  # noqa: E402
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+        "--no-first-run", "--disable-component-update", "--disable-sync"]
+LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=512, max_burst_requests=64, max_concurrent_bursts=2,
+                max_waiting_requests=256)
+SHARED: dict = {}     # the live test's downloaded timeline, replayed by the replay-only test
+T = 30_000            # ms: generous for a slow CI box; every wait ends as soon as its condition holds
+
+
+@pytest.fixture(scope="module")
+def server():
+    state = AppState.load(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
+                                       num_blocks=512, max_batch_tokens=512, max_running=32), LIMITS)
+    srv = ServerThread(create_app(state)).start()
+    yield srv
+    srv.stop()
+    state.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+class Watched:
+    """A page with every request, websocket and failed response it makes on record."""
+
+    def __init__(self, browser, tmp_path: Path):
+        self.ctx = browser.new_context(viewport={"width": 1600, "height": 1000}, accept_downloads=True)
+        self.page = self.ctx.new_page()
+        self.urls: list[str] = []
+        self.failed: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda r: self.urls.append(r.url))
+        self.page.on("websocket", lambda ws: self.urls.append(ws.url))
+        self.page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.tmp = tmp_path
+
+    def open(self, url: str):
+        self.page.goto(url)
+        # the charts exist once timeline.js has found its container and plotly has drawn the Gantt
+        self.page.wait_for_selector("#bs-gantt .main-svg", timeout=T)
+        return self.page
+
+    def assert_local(self, port: int):
+        outside = [u for u in self.urls
+                   if not u.startswith(("data:", "blob:")) and urlparse(u).netloc != f"127.0.0.1:{port}"]
+        assert self.urls and not outside, f"requests left 127.0.0.1:{port}: {outside}"
+
+    def close(self):
+        self.ctx.close()
+
+
+def scope(page, key: str) -> int:
+    return int(page.eval_on_selector("#bs-scope", f"el => el.dataset.{key} || '0'"))
+
+
+def engine_mode(url: str) -> str:
+    with urllib.request.urlopen(url + "/api/status", timeout=10) as r:
+        return json.load(r)["mode"]
+
+
+def post(url: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+def test_live_page_story(server, browser, tmp_path):
+    w = Watched(browser, tmp_path)
+    page = w.open(server.url + "/")
+    # the page loaded only from this server, and our scripts came back 200
+    assert not [f for f in w.failed if "/static/timeline.js" in f or "/static/plotly.min.js" in f], w.failed
+    page.wait_for_selector("#bs-conn[data-state='live']", timeout=T)
+    assert page.text_content("#bs-model") == "tiny-random"
+    assert page.text_content("#bs-device") == "cpu"
+    assert page.text_content("#bs-nvml") == "not available"
+
+    # -- a prompt, streamed: the output box takes several growing values before the final one
+    page.fill("#bs-prompt textarea", "Tell me about batching")
+    page.fill("#bs-max-new input", "200")
+    page.evaluate("""() => {
+        window.__seen = new Set();
+        const box = document.querySelector('#bs-output textarea');
+        window.__poll = setInterval(() => { if (box.value) window.__seen.add(box.value.length); }, 2);
+    }""")
+    page.click("#bs-generate")
+    page.wait_for_function("document.querySelector('#bs-gen-info').textContent.includes('done in')", timeout=T)
+    lengths = page.evaluate("clearInterval(window.__poll), Array.from(window.__seen).sort((a, b) => a - b)")
+    assert len(lengths) >= 2, f"text did not stream, the box only showed lengths {lengths}"
+    assert len(page.input_value("#bs-output textarea")) == lengths[-1] > 0
+
+    # -- flip to sync: the engine switches, the page says so, the timeline gets a marker
+    assert page.get_attribute("#bs-mode", "data-mode") == "async"
+    switches = scope(page, "switches")
+    page.click("#bs-mode-sync")
+    page.wait_for_selector("#bs-mode[data-mode='sync']", timeout=T)
+    assert page.text_content("#bs-mode") == "sync"
+    assert engine_mode(server.url) == "sync"
+    page.wait_for_function(f"+document.getElementById('bs-scope').dataset.switches > {switches}", timeout=T)
+    page.wait_for_function("+document.getElementById('bs-gantt').dataset.markers >= 1", timeout=T)
+    labels = page.eval_on_selector_all("#bs-gantt .annotation-text", "els => els.map(e => e.textContent)")
+    assert any("→ sync" in t for t in labels), labels
+
+    # -- a switch made through the API (not the page) shows up on the page too
+    post(server.url, "/api/mode", {"mode": "async"})
+    page.wait_for_selector("#bs-mode[data-mode='async']", timeout=T)
+    page.wait_for_function(f"+document.getElementById('bs-scope').dataset.switches >= {switches + 2}", timeout=T)
+    page.click("#bs-mode-sync")
+    page.wait_for_selector("#bs-mode[data-mode='sync']", timeout=T)
+
+    # -- a burst: progress, a results table, and the Gantt and charts grow with its steps
+    page.get_by_role("tab", name="Load test").click()
+    page.fill("#bs-n input", "12")
+    page.fill("#bs-pmin input", "8")
+    page.fill("#bs-pmax input", "48")
+    page.fill("#bs-omin input", "24")
+    page.fill("#bs-omax input", "64")
+    before = scope(page, "steps")
+    page.click("#bs-fire")
+    page.wait_for_selector("#bs-burst-results", timeout=60_000)
+    table = page.text_content("#bs-burst-results")
+    for metric in ("TTFT", "TPOT", "ITL", "E2E", "output tokens/s", "requests/s"):
+        assert metric in table, table
+    assert "12/12" in page.text_content("#bs-burst-progress")
+    page.wait_for_function(f"+document.getElementById('bs-scope').dataset.steps >= {before + 20}", timeout=T)
+    assert int(page.get_attribute("#bs-gantt", "data-spans")) > 20
+    # the Gantt has host lanes and the (host-measured) compute lane filled; the charts carry non-zero data
+    names = page.evaluate("document.getElementById('bs-gantt').data.filter(t => t.fill && t.x.length).map(t => t.name)")
+    for lane in ("schedule", "fill", "launch", "update", "sync"):
+        assert lane in names, names
+    assert "compute (host)" in names or "compute" in names, names
+    for chart in ("bs-c-tps", "bs-c-batch", "bs-c-kv", "bs-c-queue", "bs-c-busy"):
+        peak = page.evaluate(f"Math.max(0, ...document.getElementById('{chart}').data.flatMap(t => t.y.filter(v => v !== null)))")
+        assert peak > 0, f"{chart} drew nothing"
+
+    # -- bad input is answered on the page, not with a hang
+    page.fill("#bs-pmin input", "60")
+    page.fill("#bs-pmax input", "10")
+    page.click("#bs-fire")
+    page.wait_for_selector("#bs-burst-progress .bs-err", timeout=T)
+    assert "prompt" in page.text_content("#bs-burst-progress .bs-err").lower()
+    page.fill("#bs-pmin input", "8")
+    page.fill("#bs-pmax input", "16")
+
+    # -- A/B of the same burst: sync then async, side by side with the speedup and busy % of each
+    page.fill("#bs-n input", "4")
+    page.fill("#bs-omin input", "16")
+    page.fill("#bs-omax input", "24")
+    page.click("#bs-ab")
+    page.wait_for_selector("#bs-ab-speedup", timeout=120_000)
+    ab = page.text_content("#bs-ab-results")
+    assert "sync" in ab and "async" in ab and "busy" in ab, ab
+    assert float(page.text_content("#bs-ab-speedup").rstrip("×")) > 0
+
+    # -- a named recording
+    page.fill("#bs-rec-name", "browser-run")
+    page.click("#bs-rec")
+    page.wait_for_selector("#bs-rec.recording", timeout=T)
+    page.click("#bs-mode-async")
+    page.wait_for_selector("#bs-mode[data-mode='async']", timeout=T)
+    page.click("#bs-rec")
+    page.wait_for_function("!document.querySelector('#bs-rec').classList.contains('recording')", timeout=T)
+    page.wait_for_selector("#bs-rec-list option[value='browser-run']", state="attached", timeout=T)
+
+    # -- download the timeline JSON and check it against the schema
+    with page.expect_download(timeout=60_000) as dl:
+        page.click("#bs-dl-json")
+    path = tmp_path / "timeline.json"
+    dl.value.save_as(path)
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == SCHEMA_ID
+    validate_timeline(doc)
+    assert len(doc["steps"]) >= 20
+    assert {"sync", "async"} <= {s["mode"] for s in doc["steps"]}
+    assert any(c["to"] == "sync" for c in doc["mode_changes"])
+    with page.expect_download(timeout=60_000) as dl:
+        page.click("#bs-dl-trace")
+    trace = json.loads(Path(dl.value.path()).read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+
+    # -- load it back: the same charts show the file; back to live afterwards
+    page.set_input_files("#bs-file", str(path))
+    page.wait_for_selector("#bs-scope[data-source='replay']", timeout=T)
+    page.wait_for_function(f"+document.getElementById('bs-scope').dataset.steps === {len(doc['steps'])}", timeout=T)
+    assert "Replay: timeline.json" in page.text_content("#bs-replay-text")
+    assert int(page.get_attribute("#bs-gantt", "data-spans")) > 20
+    page.click("#bs-back-live")
+    page.wait_for_selector("#bs-scope[data-source='live']", timeout=T)
+
+    # -- a malformed timeline is refused with the server's reason
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "something/else", "steps": []}))
+    page.set_input_files("#bs-file", str(bad))
+    page.wait_for_selector("#bs-msg.bs-error", timeout=T)
+    assert "replay rejected" in page.text_content("#bs-msg")
+    assert page.get_attribute("#bs-scope", "data-source") == "live"
+
+    page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
+    assert not w.errors, w.errors
+    w.assert_local(server.port)
+    w.close()
+    SHARED["timeline"] = path
+
+
+def test_replay_only_server(browser, tmp_path):
+    path = SHARED.get("timeline")
+    if path is None or not Path(path).exists():
+        pytest.skip("needs the timeline downloaded by test_live_page_story")
+    state = AppState.from_replay_file(path)
+    assert state.engine is None
+    srv = ServerThread(create_app(state)).start()
+    w = Watched(browser, tmp_path)
+    try:
+        page = w.open(srv.url + "/")
+        steps = len(json.loads(Path(path).read_text())["steps"])
+        page.wait_for_selector("#bs-scope[data-source='replay']", timeout=T)
+        page.wait_for_function(f"+document.getElementById('bs-scope').dataset.steps === {steps}", timeout=T)
+        assert page.get_attribute("#bs-mode", "data-mode") == "replay"
+        assert page.query_selector("#bs-mode-sync") is None          # no toggle without an engine
+        assert page.is_disabled("#bs-rec")
+        page.get_by_role("tab", name="Generate").click()
+        assert page.is_disabled("#bs-generate")
+        assert page.is_disabled("#bs-prompt textarea")
+        assert int(page.get_attribute("#bs-gantt", "data-spans")) > 20
+        assert not w.errors, w.errors
+        w.assert_local(srv.port)
+    finally:
+        w.close()
+        srv.stop()
