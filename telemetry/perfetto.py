@@ -125,7 +125,7 @@ def to_perfetto(timeline: dict, max_events: int = 2_000_000, max_request_lanes: 
                         info if phase == "compute" else {"step": n})
         elif rec.get("compute_us"):
             c = rec["compute_us"]
-            tr.span(GPU, _STREAM_TID["compute"], f"compute {n}", c[0], c[1], "host", info)
+            tr.span(GPU, _STREAM_TID["compute"], f"compute {n}", c[0], c[1], "compute-proxy", info)
         idle, comp = rec.get("gpu_idle_before_us"), rec.get("compute_us")
         if idle and comp:
             tr.span(GPU, _IDLE_TID, f"idle: {rec.get('idle_cause')}", comp[0] - idle, comp[0], "idle",
