@@ -142,6 +142,7 @@ def perfetto_problems(trace: dict) -> list[str]:
         if e["ph"] == "X":
             if not isinstance(e.get("dur"), (int, float)) or e["dur"] < 0:
                 problems.append(f"{e['name']}: bad dur")
+                continue
             tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
         elif e["ph"] == "C":
             if not e.get("args") or not all(isinstance(v, (int, float)) for v in e["args"].values()):
