@@ -1,0 +1,162 @@
+"""Live fan-out: coalesced frames with the firm message types, drops told to slow viewers, the engine never held up."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+
+from telemetry import SCHEMA_ID, Telemetry
+from telemetry.hub import Hub, SubscriptionClosed
+from telemetry.synthetic import SyntheticEngine
+
+
+def test_a_viewer_gets_steps_requests_mode_and_stats():
+    async def main():
+        eng = SyntheticEngine(gpu=True, mode="sync")
+        tel = Telemetry(eng, nvml_hz=0, hub_hz=50)
+        sub = tel.hub.subscribe(max_queue=1000)
+
+        def serve():                 # the engine runs on its own thread, as the real one does
+            eng.submit(3, prompt_tokens=16, max_new_tokens=4)
+            eng.run(max_steps=2)
+            eng.set_mode("async")
+            eng.run()
+
+        worker = threading.Thread(target=serve)
+        worker.start()
+        by_type: dict[str, list] = {}
+        while True:
+            for msg in await asyncio.wait_for(sub.get(), timeout=10):
+                by_type.setdefault(msg["type"], []).append(msg)
+            steps = [s for m in by_type.get("steps", []) for s in m["steps"]]
+            finished = [r for m in by_type.get("requests", []) for r in m["requests"] if r["state"] == "finished"]
+            if len(steps) == eng.step_no and len(finished) == 3 and "mode" in by_type and "stats" in by_type:
+                break
+        worker.join()
+        assert set(by_type) <= {"steps", "requests", "nvml", "mode", "stats"}
+        assert [s["step"] for s in steps] == list(range(eng.step_no))
+        (mode,) = by_type["mode"]
+        assert set(mode) == {"type", "t_us", "step", "from", "to"}
+        assert (mode["from"], mode["to"]) == ("sync", "async") and mode["step"] == 2
+        assert all(len(r["token_us"]) == r["output_tokens"] == 4 for r in finished)
+        stats = by_type["stats"][-1]
+        assert {"t_us", "mode", "waiting", "running", "kv_blocks_used", "kv_blocks_total", "tokens_per_s",
+                "busy_pct_1s"} <= set(stats)
+        sub.close()
+        tel.close()
+
+    asyncio.run(main())
+
+
+def test_hello_gives_a_new_viewer_something_to_draw():
+    eng = SyntheticEngine(gpu=False, mode="sync", realtime=True)
+    tel = Telemetry(eng, nvml_hz=0)
+    eng.submit(2, prompt_tokens=8, max_new_tokens=3)
+    eng.run()
+    tel.sampler.sample_once()
+    hello = json.loads(json.dumps(tel.hello()))
+    assert hello["type"] == "hello" and hello["schema"] == SCHEMA_ID
+    assert hello["model"] == "synthetic" and hello["info"]["block_size"] == 16 and hello["mode"] == "sync"
+    assert {"nvml", "nvml_reason", "gpu_name", "device", "sampler", "busy_note"} <= set(hello["status"])
+    assert hello["status"]["sampler"] == "psutil" and hello["status"]["nvml"] is False
+    recent = hello["recent"]
+    assert [s["step"] for s in recent["steps"]] == list(range(eng.step_no))
+    assert recent["nvml"] and len(recent["requests"]) == 2
+    assert hello["t_us"] > 0
+    tel.close()
+
+
+def test_a_slow_viewer_loses_its_oldest_frames_and_is_told_how_many():
+    hub = Hub(start=False)
+    sub = hub.subscribe(max_queue=2)
+    for i in range(5):
+        hub.publish("step", {"step": i})
+        hub.flush()
+        assert sub.queued() <= 2
+    msgs = sub.get_nowait()
+    assert msgs[0] == {"type": "dropped", "frames": 3, "total_frames": 3}
+    assert msgs[1] == {"type": "steps", "steps": [{"step": 3}]}
+    assert sub.get_nowait() == [{"type": "steps", "steps": [{"step": 4}]}]     # told once
+    assert sub.get_nowait() is None
+    hub.close()
+
+
+def test_get_text_is_the_same_frame_encoded_once():
+    async def main():
+        hub = Hub(start=False)
+        a, b = hub.subscribe(), hub.subscribe()
+        hub.publish("mode", {"t_us": 1.0, "step": 7, "from": "async", "to": "sync"})
+        hub.publish("step", {"step": 7})
+        hub.flush()
+        texts, msgs = await a.get_text(), await b.get()
+        assert [json.loads(t) for t in texts] == msgs
+        assert msgs[0] == {"type": "mode", "t_us": 1.0, "step": 7, "from": "async", "to": "sync"}
+        hub.close()
+
+    asyncio.run(main())
+
+
+def test_closing_ends_a_waiting_viewer():
+    async def main():
+        hub = Hub(hz=50)
+        sub = hub.subscribe()
+        waiter = asyncio.ensure_future(sub.get())
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(hub.close)
+        with pytest.raises(SubscriptionClosed):
+            await asyncio.wait_for(waiter, timeout=5)
+        assert [m async for m in sub] == []
+        assert hub.subscribers == 0
+
+    asyncio.run(main())
+
+
+def produce(tel: Telemetry, steps: int) -> float:
+    eng = tel.engine
+    eng.submit(16, prompt_tokens=16, max_new_tokens=steps)
+    start = time.perf_counter()
+    eng.run(max_steps=steps)
+    return time.perf_counter() - start
+
+
+def test_a_stalled_viewer_does_not_slow_the_engine():
+    steps = 1500
+    base = Telemetry(SyntheticEngine(gpu=True, mode="sync"), nvml_hz=0, hub_hz=200)
+    produce(base, 50)                                  # warm up
+    alone = produce(base, steps)
+    base.close()
+
+    tel = Telemetry(SyntheticEngine(gpu=True, mode="sync"), nvml_hz=0, hub_hz=200)
+    stalled = tel.hub.subscribe(max_queue=4)           # subscribed, never reads
+    produce(tel, 50)
+    with_stalled = produce(tel, steps)
+    tel.hub.flush()
+    assert with_stalled < 3 * alone + 0.5, (alone, with_stalled)
+    assert tel.status()["steps_seen"] == steps + 50
+    assert stalled.queued() <= 4 and stalled.dropped_frames > 0
+    tel.close()
+
+
+def test_even_a_viewer_that_blocks_the_hub_does_not_block_the_engine():
+    tel = Telemetry(SyntheticEngine(gpu=True, mode="sync"), nvml_hz=0, hub_hz=200)
+    frozen = tel.hub.subscribe(max_queue=4)
+    frozen._lock.acquire()                             # so stuck that the flusher itself blocks offering to it
+    try:
+        time.sleep(0.05)                               # let the flusher reach it
+        produce(tel, 1000)
+        assert tel.status()["steps_seen"] == 1000      # every step recorded while the hub hung
+        assert len(tel.hub._pending) <= tel.hub._pending.maxlen
+    finally:
+        frozen._lock.release()
+    tel.close()
+
+
+def test_the_pending_buffer_is_bounded_when_nothing_drains_it():
+    hub = Hub(start=False, max_pending=100)
+    for i in range(1000):
+        hub.publish("step", {"step": i})
+    assert len(hub._pending) == 100 and hub.pending_overflow == 900
+    hub.close()
