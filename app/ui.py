@@ -28,7 +28,8 @@ HEAD = ('<script src="/static/plotly.min.js"></script>\n'
 CSS = (ASSETS / "style.css").read_text(encoding="utf-8") if (ASSETS / "style.css").exists() else ""
 
 # System fonts only: Gradio's default theme would load its fonts from /static/fonts, a path the app gives to assets/.
-THEME = gr.themes.Default(primary_hue="blue", neutral_hue="slate",
+# Small spacing and text: a dashboard, dense enough that the controls and results fit beside the charts.
+THEME = gr.themes.Default(primary_hue="blue", neutral_hue="slate", spacing_size="sm", text_size="sm", radius_size="sm",
                           font=["Inter", "ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"],
                           font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"])
 
@@ -112,7 +113,8 @@ def header_html(state) -> str:
         mode_box = '<span id="bs-mode" class="bs-mode" data-mode="replay">replay</span>'
     stats = ("".join(f'<span class="bs-stat">{label} <b id="{i}">–</b></span>' for label, i in (
         ("running", "bs-st-running"), ("waiting", "bs-st-waiting"), ("KV", "bs-st-kv"),
-        ("busy (events)", "bs-st-busy"), ("NVML" if b["nvml"] else "CPU", "bs-st-nvml"), ("tok/s", "bs-st-tps")))
+        ("busy (events)" if b["nvml"] else "busy (host)", "bs-st-busy"), ("NVML" if b["nvml"] else "CPU", "bs-st-nvml"),
+        ("tok/s", "bs-st-tps")))
         if live else '<span class="bs-stat">replay of a recorded timeline: no model loaded, live controls off</span>')
     why = (b["busy_note"] or WHY_GPU) if b["nvml"] else WHY_CPU
     reason = f' <span class="bs-reason">({e(b["nvml_reason"])})</span>' if b["nvml_reason"] and not b["nvml"] else ""
@@ -222,7 +224,7 @@ def ab_html(ab: dict) -> str:
             f'<span>(output tokens/s, same burst and seed)</span></div>'
             if speedup is not None else "")
     return (f'{head}<table id="bs-ab-results" class="bs-table bs-ab"><thead><tr><th></th>'
-            f'<th class="sync">sync</th><th class="async">async</th><th>async / sync</th></tr></thead>'
+            f'<th class="sync">sync</th><th class="async">async</th><th>ratio</th></tr></thead>'
             f"<tbody>{body}</tbody></table>")
 
 
@@ -342,8 +344,8 @@ def build_ui(state) -> gr.Blocks:
             yield out, _gen_info(first, time.perf_counter() - t0, True)
 
         gen_inputs = [prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos, chat]
-        ev1 = gen_btn.click(generate, gen_inputs, [output, gen_info], concurrency_limit=8)
-        ev2 = prompt.submit(generate, gen_inputs, [output, gen_info], concurrency_limit=8)
+        ev1 = gen_btn.click(generate, gen_inputs, [output, gen_info], concurrency_limit=8, show_progress="minimal")
+        ev2 = prompt.submit(generate, gen_inputs, [output, gen_info], concurrency_limit=8, show_progress="minimal")
         stop_btn.click(None, None, None, cancels=[ev1, ev2])
 
         def arrival_changed(kind):
@@ -375,7 +377,9 @@ def build_ui(state) -> gr.Blocks:
                     return
                 time.sleep(POLL_S)
 
-        burst_btn.click(run_burst, spec_inputs, [burst_progress, burst_results], concurrency_limit=4)
+        # our own progress bar says how far it got; Gradio's overlay would only hide it
+        burst_btn.click(run_burst, spec_inputs, [burst_progress, burst_results], concurrency_limit=4,
+                        show_progress="hidden")
 
         def run_ab(*values):
             try:
@@ -401,7 +405,7 @@ def build_ui(state) -> gr.Blocks:
                     return
                 time.sleep(POLL_S)
 
-        ab_btn.click(run_ab, spec_inputs, [ab_progress, ab_results], concurrency_limit=2)
+        ab_btn.click(run_ab, spec_inputs, [ab_progress, ab_results], concurrency_limit=2, show_progress="hidden")
 
     return demo
 

@@ -268,6 +268,7 @@
         const keepMeta = store.meta;
         Object.assign(store, emptyStore());
         store.meta = Object.assign({}, keepMeta, m);
+        delete store.meta.recent;             // the records live in the store, not twice
         const recent = m.recent || {};
         addSteps(recent.steps);
         addNvml(recent.nvml || recent.samples);
@@ -1047,7 +1048,7 @@
   }
 
   window.batchscope = { store, view, handle, showReplay, backToLive, render: () => { dirty = true; },
-                        normalise, get mode() { return mode; } };
+                        normalise, get mode() { return mode; }, get renderMs() { return renderCost; } };
 
   function start() {
     watch();

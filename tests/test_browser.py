@@ -167,6 +167,27 @@ def test_live_page_story(server, browser, tmp_path):
     for chart in ("bs-c-tps", "bs-c-batch", "bs-c-kv", "bs-c-queue", "bs-c-busy"):
         peak = page.evaluate(f"Math.max(0, ...document.getElementById('{chart}').data.flatMap(t => t.y.filter(v => v !== null)))")
         assert peak > 0, f"{chart} drew nothing"
+    # idle gaps before steps are drawn on their own lane, one trace per cause
+    assert any(n.startswith("idle: ") for n in names), names
+
+    # -- the window: live it slides; paused it stays; a zoom on one chart applies to all and pauses
+    x_end = "document.getElementById('bs-gantt').layout.xaxis.range[1]"
+    first = page.evaluate(x_end)
+    page.wait_for_function(f"{x_end} > {first}", timeout=T)
+    page.click("#bs-pause")
+    assert page.text_content("#bs-pause") == "Resume live"
+    held = page.evaluate(x_end)
+    time.sleep(1.0)
+    assert page.evaluate(x_end) == held
+    page.click("#bs-pause")
+    page.wait_for_function(f"{x_end} > {held}", timeout=T)
+    lo = page.evaluate("document.getElementById('bs-gantt').layout.xaxis.range[0]")
+    page.evaluate(f"Plotly.relayout('bs-c-kv', {{'xaxis.range': [{lo}, {lo} + 0.5]}})")
+    page.wait_for_function(
+        f"Math.abs(document.getElementById('bs-gantt').layout.xaxis.range[1] - ({lo} + 0.5)) < 1e-6", timeout=T)
+    assert page.text_content("#bs-pause") == "Resume live"
+    page.click("#bs-window button[data-span='10']")
+    assert page.text_content("#bs-pause") == "Pause"
 
     # -- bad input is answered on the page, not with a hang
     page.fill("#bs-pmin input", "60")
