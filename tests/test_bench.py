@@ -1,0 +1,149 @@
+"""`batchscope bench` on CPU with the tiny model: every metric for every run, fixed output lengths, valid timelines.
+No assertion here is about speed: wall times vary from machine to machine."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app import bench
+from telemetry import validate_timeline
+
+REQUESTS, PROMPT, NEW = 4, 16, 8
+CPU_ARGS = ["--model", "tiny-random", "--device", "cpu", "--requests", str(REQUESTS), "--prompt-tokens", str(PROMPT),
+            "--new-tokens", str(NEW), "--modes", "sync,async", "--bandwidth-mib", "32", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def cpu_bench(tmp_path_factory):
+    """The CI shape, with the transformers baseline, through the standalone parser (`python -m app.bench`)."""
+    out = tmp_path_factory.mktemp("bench") / "b.json"
+    rc = bench.main(CPU_ARGS + ["--baseline", "transformers", "--out", str(out)])
+    return rc, out, json.loads(out.read_text())
+
+
+def test_every_run_reports_every_metric(cpu_bench, capsys):
+    rc, _, result = cpu_bench
+    assert rc == 0
+    assert result["order"] == ["sync", "async", "transformers-sync"]
+    # transformers' async batching needs CUDA: on CPU it is skipped, and says so
+    assert "transformers-async" in result["skipped"]
+    assert result["bandwidth"]["gbps"] > 0
+    assert result["transformers_config"]["same_weights"] is True
+    assert result["floor"]["ms_per_step"] > 0
+    for run in result["runs"]:
+        for key in bench.METRICS:
+            assert key in run, (run["label"], key)
+        # measurable on CPU; NVML utilization is not (the key is there, the value is None)
+        for key in ("wall_s", "tokens_per_s", "decode_ms_per_step", "floor_ms_per_step", "floor_pct", "speedup"):
+            assert run[key] is not None and run[key] > 0, (run["label"], key, run[key])
+        assert run["output_tokens"] == REQUESTS * NEW
+        assert run["lengths_ok"] is True
+    for label, med in result["results"].items():
+        assert all(key in med for key in bench.METRICS), label
+    # the slowest run is the speedup reference
+    assert min(m["speedup"] for m in result["results"].values()) == pytest.approx(1.0)
+
+
+def test_batchscope_runs_are_busy_measured_and_in_their_own_mode(cpu_bench):
+    _, _, result = cpu_bench
+    for run in result["runs"]:
+        if run["system"] != "batchscope":
+            continue
+        assert run["finish_reasons"] == {"length": REQUESTS}
+        assert 0 < run["gpu_busy_pct"] <= 100          # on CPU: host launch spans stand in for compute
+        assert run["busy_basis"] == "host"
+        assert run["step_modes"] == {run["mode"]: run["steps"]}
+
+
+def test_sync_and_async_and_transformers_agree_on_tokens(cpu_bench):
+    # float32 greedy on the same weights: the same tokens, whichever loop or library produced them
+    _, _, result = cpu_bench
+    assert [r["tokens_agree_with_first_run"] for r in result["runs"]] == [1.0, 1.0, 1.0]
+
+
+def test_each_run_writes_a_valid_timeline(cpu_bench):
+    _, out, result = cpu_bench
+    for run in result["runs"]:
+        path = Path(run["timeline"])
+        assert path.parent == out.parent and path.name == f"b.{run['label']}.timeline.json"
+        timeline = json.loads(path.read_text())
+        validate_timeline(timeline)
+        if run["system"] == "batchscope":
+            assert sum(s["tokens_out"] for s in timeline["steps"]) == REQUESTS * NEW
+            assert {s["mode"] for s in timeline["steps"]} == {run["mode"]}
+            assert len(timeline["requests"]) == REQUESTS
+        else:
+            assert timeline["steps"] == [] and timeline["nvml"]     # the sampler kept sampling meanwhile
+
+
+def test_table_is_printed_last(cpu_bench):
+    _, _, result = cpu_bench
+    table = bench.format_table(result)
+    lines = table.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    for col in ("wall s", "out tok/s", "ms/step", "floor ms", "% of floor", "GPU busy %", "NVML util %", "speedup"):
+        assert col in lines[header]
+    rows = lines[header + 2: header + 5]
+    assert [r.split()[0] for r in rows] == ["sync", "async", "transformers-sync"]
+    assert len({len(r) for r in lines[header:header + 5]}) == 1       # aligned
+    assert "skipped transformers-async" in table
+
+
+def test_cli_namespace_without_telemetry(tmp_path):
+    """app/cli.py passes its own Namespace (fewer options); missing ones take bench's defaults."""
+    out = tmp_path / "plain.json"
+    args = argparse.Namespace(command="bench", model="tiny-random", device="cpu", dtype="auto", requests=REQUESTS,
+                              prompt_tokens=PROMPT, new_tokens=NEW, modes=["async", "sync"], baseline=None,
+                              out=str(out), no_telemetry=True, no_progress=True, bandwidth_mib=32)
+    assert bench.main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["telemetry"] is False and result["skipped"] == {}
+    assert [r["label"] for r in result["runs"]] == ["async", "sync"]
+    for run in result["runs"]:
+        assert run["output_tokens"] == REQUESTS * NEW and run["lengths_ok"]
+        assert run["wall_s"] > 0 and run["tokens_per_s"] > 0
+        assert run["decode_ms_per_step"] is None and "timeline" not in run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.json"]
+
+
+def test_order_alternates_between_repeats():
+    assert bench.plan_order(["sync", "async", "transformers-sync"], 3) == [
+        (0, "sync"), (0, "async"), (0, "transformers-sync"),
+        (1, "transformers-sync"), (1, "async"), (1, "sync"),
+        (2, "sync"), (2, "async"), (2, "transformers-sync")]
+
+
+def test_floor_uses_the_exact_mean_context_of_the_decode():
+    info = {"weight_bytes": 1_000_000, "kv_bytes_per_token": 100}
+    requests, prompt, new = 3, 10, 7
+    # brute force: the decode step producing token j (2..new) attends over prompt + j - 1 positions per request
+    contexts = [requests * (prompt + j - 1) for j in range(2, new + 1)]
+    mean_bytes = info["weight_bytes"] + info["kv_bytes_per_token"] * sum(contexts) / len(contexts)
+    floor = bench.decode_floor(info, requests, prompt, new, gbps=2.0)
+    assert floor["bytes_per_step"] == int(mean_bytes)
+    assert floor["ms_per_step"] == pytest.approx(mean_bytes / 2e9 * 1e3, abs=1e-4)
+    assert bench.decode_floor(info, requests, prompt, 1, gbps=2.0)["ms_per_step"] is None   # no decode step
+
+
+def test_bad_workload_is_refused_plainly(tmp_path, capsys):
+    out = tmp_path / "x.json"
+    rc = bench.main(["--model", "tiny-random", "--device", "cpu", "--requests", "1", "--prompt-tokens", "4000",
+                     "--new-tokens", "200", "--modes", "sync", "--bandwidth-mib", "8", "--no-progress",
+                     "--out", str(out)])
+    assert rc == 2 and not out.exists()
+    assert "exceed" in capsys.readouterr().err
+
+
+def test_bench_imports_no_server_packages():
+    # the GPU box has no gradio, fastapi, uvicorn, plotly or websockets
+    code = ("import sys, app.bench, telemetry; "
+            "bad = [m for m in ('gradio', 'fastapi', 'uvicorn', 'plotly', 'websockets') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
