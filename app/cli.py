@@ -13,7 +13,11 @@ DEFAULT_PORT = 7860
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra                  # bench's finer options (--repeats, --num-blocks, ...) go to its own parser
     return args.func(args)
 
 
@@ -41,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     _server_args(r)
     r.set_defaults(func=cmd_replay)
 
-    b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload")
+    b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload",
+                       epilog="More options (--repeats, --num-blocks, --max-batch-tokens, --no-telemetry, ...): "
+                              "python -m app.bench --help")
     b.add_argument("--model", default="smollm2-135m")
     b.add_argument("--requests", type=_positive_int, default=32)
     b.add_argument("--prompt-tokens", type=_positive_int, default=256)
@@ -149,6 +155,8 @@ def cmd_replay(args) -> int:
 def cmd_bench(args) -> int:
     from . import bench                 # heavy and optional: only `bench` needs it
 
+    if args.extra:
+        bench.build_parser().parse_args(args.extra, namespace=args)   # fills only what is not set yet
     if args.baseline == "none":
         args.baseline = None
     return bench.main(args) or 0

@@ -390,3 +390,32 @@ def test_port_in_use_is_reported(served):
         port = s.getsockname()[1]
         with pytest.raises(RuntimeError, match="did not start"):
             ServerThread(create_app(AppState(replay={}), ui=False), port=port).start(timeout=10)
+
+
+# ------------------------------------------------------------------------------------------- UI and commands
+
+def test_ui_is_mounted_at_root_without_shadowing_the_api(recorded):
+    state = AppState(replay=validate_timeline(recorded))
+    with ServerThread(create_app(state, ui=True)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        page = c.get("/")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert "/static/plotly.min.js" in page.text                  # the page loads plotly from us, not a CDN
+        assert c.get("/api/health").json()["replay_only"] is True
+        assert c.get("/static/plotly.min.js").status_code == 200
+
+
+def test_bench_dispatches_with_its_own_finer_options(monkeypatch):
+    import app.bench
+
+    seen = {}
+
+    def fake_main(args):
+        seen["args"] = args
+        return 0
+    monkeypatch.setattr(app.bench, "main", fake_main)
+    assert cli_main(["bench", "--model", "tiny-random", "--modes", "async", "--requests", "4", "--out", "b.json",
+                     "--repeats", "3"]) == 0
+    args = seen["args"]
+    assert (args.model, args.modes, args.requests, args.out, args.repeats) == ("tiny-random", ["async"], 4,
+                                                                               "b.json", 3)
+    assert args.baseline is None and args.prompt_tokens == 256
