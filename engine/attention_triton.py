@@ -15,7 +15,6 @@ Softmax runs online in the log2 domain (scores are pre-multiplied by scale * log
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import torch
@@ -34,14 +33,6 @@ DEFAULT_NUM_SMS = 132  # H200 / H100 SXM
 # Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) multiplies bf16/fp16 tiles as raw integer
 # bits; there the kernels upcast dot operands to fp32 (after the same bf16 rounding of p the GPU does).
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
-    if DOT_F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    else:
-        return tl.dot(a, b, input_precision=PRECISION)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -65,7 +56,11 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head
         kv_mask = col_ok[:, None] & (d[None, :] < HEAD_DIM)
     k = tl.load(k_cache + k_head + page[:, None] * stride_kb + slot[:, None] * stride_ks + d[None, :],
                 mask=kv_mask, other=0.0)
-    s = _dot(q, tl.trans(k), PRECISION, DOT_F32) * qk_scale
+    if DOT_F32:
+        s = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    s = s * qk_scale
     ok = col_ok[None, :]
     if ROW_MASK:
         # Causal (and sliding-window) limits differ per query row.
@@ -81,7 +76,11 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(v_cache + v_head + page[:, None] * stride_vb + slot[:, None] * stride_vs + d[None, :],
                 mask=kv_mask, other=0.0)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, DOT_F32)
+    p = p.to(v.dtype)  # the tensor cores take P in the cache's dtype
+    if DOT_F32:
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float32), v.to(tl.float32))
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
     return acc, m_new, l_i
 
 
@@ -92,13 +91,12 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head
 @triton.jit
 def _decode_split_kernel(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, part_out, part_lse, out,
-        qk_scale, window,
+        qk_scale, window, num_splits,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, stride_ot, stride_oh,
         NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-        D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        MIN_TILES: tl.constexpr, USE_WINDOW: tl.constexpr, DIRECT_OUT: tl.constexpr, PRECISION: tl.constexpr,
-        DOT_F32: tl.constexpr):
+        D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr,
+        USE_WINDOW: tl.constexpr, DIRECT_OUT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -114,7 +112,7 @@ def _decode_split_kernel(
     # The split size is decided on the device from this request's own length: splits past the end get no tiles.
     first_tile = kv_start // BLOCK_N
     n_tiles = tl.cdiv(ctx, BLOCK_N) - first_tile
-    per_split = tl.maximum(tl.cdiv(n_tiles, NUM_SPLITS), MIN_TILES)
+    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), MIN_TILES)
     t0 = first_tile + split * per_split
     t1 = tl.minimum(t0 + per_split, first_tile + n_tiles)
 
@@ -143,24 +141,24 @@ def _decode_split_kernel(
         tl.store(out + row * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
                  mask=q_mask & has_query)
     else:
-        # An empty split stores lse = -inf (log2(0)), which the merge reads as weight 0.
-        part = (b * NUM_HEADS + head) * NUM_SPLITS + split
+        # An empty split stores lse = -inf, which the merge reads as weight 0.
+        part = (b * NUM_HEADS + head) * num_splits + split
         tl.store(part_lse + part, tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
         tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask)
 
 
 @triton.jit
-def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, stride_ot, stride_oh,
+def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, num_splits, stride_ot, stride_oh,
                          NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                         NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr):
+                         S_PAD: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     row = tl.load(query_start_loc + b)
     has_query = tl.load(query_start_loc + b + 1) > row
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)
-    part = (b * NUM_HEADS + h) * NUM_SPLITS + s
-    lse = tl.load(part_lse + part, mask=s < NUM_SPLITS, other=float("-inf"))
+    part = (b * NUM_HEADS + h) * num_splits + s
+    lse = tl.load(part_lse + part, mask=s < num_splits, other=float("-inf"))
     live = lse > float("-inf")
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
@@ -184,20 +182,20 @@ def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, stride_ot, st
 @triton.jit
 def _prefill_kernel(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
-        qk_scale, window, num_seqs,
+        qk_scale, window, num_seqs, search_steps,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, stride_ot, stride_oh,
         G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-        USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
+        BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr,
+        PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
 
-    # Largest b with qsl[b] // BLOCK_Q + b <= pid.
-    lo = 0
-    hi = num_seqs
-    for _ in tl.static_range(SEARCH_STEPS):
+    # Largest b with qsl[b] // BLOCK_Q + b <= pid. (Runtime step count: a new batch size needs no recompile.)
+    lo = pid * 0
+    hi = lo + num_seqs
+    for _ in range(search_steps):
         mid = (lo + hi) // 2
         go_right = tl.load(query_start_loc + mid) // BLOCK_Q + mid <= pid
         lo = tl.where(go_right, mid, lo)
@@ -261,7 +259,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -313,7 +311,7 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta) 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
                  sliding_window: int | None = None, num_splits: int | None = None, block_n: int | None = None,
-                 min_split_keys: int = MIN_KEYS_PER_SPLIT, num_stages: int | None = None,
+                 min_split_keys: int = MIN_KEYS_PER_SPLIT, num_warps: int = 4, num_stages: int | None = None,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """One query per request (rows with none are skipped). Capturable: the grid is (B, KVH, num_splits).
 
@@ -344,18 +342,19 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     D_PAD = _pow2(max(16, D))
     _decode_split_kernel[(B, KVH, num_splits)](
         q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, part_out, part_lse, out,
-        scale * LOG2E, int(sliding_window or 0),
+        scale * LOG2E, int(sliding_window or 0), num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         meta.block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_HEADS=H, G=G, G_PAD=_pow2(max(16, G)), HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, MIN_TILES=max(1, min_split_keys // block_n),
-        USE_WINDOW=bool(sliding_window), DIRECT_OUT=direct, PRECISION=_precision(q.dtype), DOT_F32=_dot_f32(q.dtype),
-        num_warps=4, num_stages=num_stages or (3 if q.element_size() <= 2 else 2))
+        BLOCK_N=block_n, MIN_TILES=max(1, min_split_keys // block_n),
+        USE_WINDOW=bool(sliding_window), DIRECT_OUT=direct, PRECISION=_precision(q.dtype),
+        DOT_F32=_dot_f32(q.dtype),
+        num_warps=num_warps, num_stages=num_stages or (3 if q.element_size() <= 2 else 2))
     if not direct:
         _decode_merge_kernel[(B, H)](
-            part_out, part_lse, meta.query_start_loc, out, out.stride(0), out.stride(1),
-            NUM_HEADS=H, HEAD_DIM=D, D_PAD=D_PAD, NUM_SPLITS=num_splits, S_PAD=_pow2(num_splits),
+            part_out, part_lse, meta.query_start_loc, out, num_splits, out.stride(0), out.stride(1),
+            NUM_HEADS=H, HEAD_DIM=D, D_PAD=D_PAD, S_PAD=_pow2(num_splits),
             num_warps=4 if D_PAD >= 128 else 2)
     return out
 
@@ -390,12 +389,12 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return out
     _prefill_kernel[(T // block_q + B, KVH)](
         q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
-        scale * LOG2E, int(sliding_window or 0), B,
+        scale * LOG2E, int(sliding_window or 0), B, max(1, B - 1).bit_length() + 1,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         meta.block_tables.stride(0), out.stride(0), out.stride(1),
         G=G, G_PAD=G_PAD, HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
-        SEARCH_STEPS=max(1, math.ceil(math.log2(max(B, 1)))) + 1, USE_WINDOW=bool(sliding_window),
+        USE_WINDOW=bool(sliding_window),
         PRECISION=_precision(q.dtype), DOT_F32=_dot_f32(q.dtype),
         num_warps=warps if block_q * G_PAD > 64 else 4, num_stages=stages)
     return out

@@ -18,8 +18,8 @@ if not HAS_CUDA:
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from engine.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
 from engine import attention_triton as at  # noqa: E402
+from engine.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
