@@ -218,17 +218,27 @@ def sse(events: AsyncIterator[Any]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def final_output(handle):
-    """Wait for a request to finish without holding a thread; cancel it if the caller goes away."""
-    try:
+async def final_outputs(handles: list, request: Request) -> list:
+    """Wait for requests to finish without holding a thread; cancel them if the client hangs up first."""
+    async def one(handle):
         async for d in handle.astream():
             if d.finished:
                 break
         # the finishing delta can arrive a moment before the handle marks itself done
         return handle.result(0) if handle.done else await run_in_threadpool(handle.result, 5)
-    except asyncio.CancelledError:
-        handle.cancel()
-        raise
+
+    async def cancel_on_hang_up():
+        # the body is read already, so the next message is the disconnect (or the end of the exchange)
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        for h in handles:
+            h.cancel()
+
+    watcher = asyncio.create_task(cancel_on_hang_up())
+    try:
+        return await asyncio.gather(*(one(h) for h in handles))
+    finally:
+        watcher.cancel()
 
 
 async def merged(handles: list) -> AsyncIterator[tuple[int, Any]]:
@@ -297,7 +307,7 @@ class GenerateBody(Body):
 
 
 @control.post("/generate")
-async def generate(body: GenerateBody, state: State):
+async def generate(body: GenerateBody, state: State, request: Request):
     ids = await run_in_threadpool(state.encode, body.prompt, body.chat)
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
     params = state.sampling(len(ids), body.max_new_tokens, body.temperature, body.top_p, body.top_k, body.seed,
@@ -313,7 +323,7 @@ async def generate(body: GenerateBody, state: State):
                     ev.update(finish_reason=d.finish_reason, error=d.error, output_tokens=n, prompt_tokens=len(ids))
                 yield ev
         return sse(events())
-    out = await final_output(handle)
+    (out,) = await final_outputs([handle], request)
     result = {"id": out.id, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
               "error": out.error, "prompt_tokens": len(out.prompt_token_ids), "output_tokens": len(out.token_ids),
               "ttft_ms": _ms(out.arrival_ns, out.first_token_ns), "e2e_ms": _ms(out.arrival_ns, out.finish_ns)}
@@ -514,7 +524,7 @@ def models(state: State) -> dict:
 
 
 @openai_api.post("/completions")
-async def completions(body: CompletionBody, state: State):
+async def completions(body: CompletionBody, state: State, request: Request):
     _unsupported(body)
     prompts = [body.prompt] if isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int)) \
         else list(body.prompt)
@@ -546,7 +556,7 @@ async def completions(body: CompletionBody, state: State):
             if _include_usage(body):
                 yield chunk([], usage=_usage(sum(map(len, ids)), produced))
         return sse(events())
-    outs = await asyncio.gather(*(final_output(h) for h in handles))
+    outs = await final_outputs(handles, request)
     _raise_engine_error(outs)
     choices = [{"index": i, "text": o.text, "logprobs": None, "finish_reason": FINISH.get(o.finish_reason)}
                for i, o in enumerate(outs)]
@@ -583,7 +593,7 @@ def _message_text(m: ChatMessage) -> dict:
 
 
 @openai_api.post("/chat/completions")
-async def chat_completions(body: ChatBody, state: State):
+async def chat_completions(body: ChatBody, state: State, request: Request):
     _unsupported(body)
     messages = [_message_text(m) for m in body.messages]
     ids = await run_in_threadpool(state.encode_messages, messages)
@@ -614,7 +624,7 @@ async def chat_completions(body: ChatBody, state: State):
             if _include_usage(body):
                 yield chunk([], usage=_usage(len(ids), produced))
         return sse(events())
-    out = await final_output(handle)
+    (out,) = await final_outputs([handle], request)
     _raise_engine_error([out])
     return {"id": cid, "object": "chat.completion", "created": created, "model": name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,

@@ -280,6 +280,54 @@ def test_capacity_refusals_are_429(served):
         busy.bursts.close()
 
 
+@pytest.fixture
+def long_limits(served):
+    """A second server on the same engine whose limits allow requests long enough to hang up on."""
+    _, state = served
+    roomy = AppState(state.engine, state.telemetry, Limits(max_new_tokens=3000))
+    with ServerThread(create_app(roomy, ui=False)) as srv:
+        yield srv, state
+    roomy.bursts.close()
+
+
+def wait_idle(state, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = state.engine.stats()
+        if s["running"] == 0 and s["waiting"] == 0:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def finish_of(state, request_id):
+    for r in state.telemetry.timeline()["requests"]:
+        if r["id"] == request_id:
+            return r["finish_reason"], r["output_tokens"]
+    return None, None
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api/generate", {"prompt": "hang up", "max_new_tokens": 3000, "ignore_eos": True}),
+    ("/v1/completions", {"prompt": "hang up", "max_tokens": 3000, "ignore_eos": True}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hang up"}], "max_tokens": 3000,
+                              "ignore_eos": True}),
+])
+def test_a_client_that_hangs_up_cancels_its_request(long_limits, path, body):
+    srv, state = long_limits
+    assert wait_idle(state)
+    with httpx.Client(base_url=srv.url, timeout=30) as c, c.stream("POST", path, json={**body, "stream": True}) as r:
+        first = json.loads(next(line for line in r.iter_lines() if line.startswith("data: "))[6:])
+    assert wait_idle(state), "the engine kept generating for a client that left"
+    if path == "/api/generate":
+        reason, produced = finish_of(state, first["id"])
+        assert reason == "cancelled" and produced < 3000
+    # without streaming too: the server notices the hang-up while it waits
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(srv.url + path, json=body, timeout=0.5)
+    assert wait_idle(state), "the engine kept generating for a client that left"
+
+
 # ---------------------------------------------------------------------------------------------- static files
 
 def test_plotly_is_served_locally(client):
