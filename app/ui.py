@@ -228,15 +228,33 @@ def ab_html(ab: dict) -> str:
             f"<tbody>{body}</tbody></table>")
 
 
+REPLAY_FIELDS = (("model", "meta", "model"), ("device", "meta", "device"), ("GPU", "meta", "gpu"),
+                 ("dtype", "meta", "dtype"), ("recorded", "meta", "created"), ("duration s", "summary", "duration_s"),
+                 ("steps", "summary", "steps"), ("modes", "summary", "modes"),
+                 ("requests finished", "summary", "requests_finished"), ("tokens/s", "summary", "tokens_per_s"),
+                 ("busy %", "summary", "busy_pct"), ("busy basis", "summary", "busy_basis"),
+                 ("GPU idle total µs", "summary", "idle_us_total"), ("decode ms/step p50", "summary", "decode_ms_p50"),
+                 ("batch size mean", "summary", "batch_requests_mean"), ("queue depth max", "summary", "queue_depth_max"),
+                 ("KV usage max %", "summary", "kv_usage_pct_max"), ("NVML util mean %", "summary", "gpu_util_mean"))
+
+
 def replay_html(state) -> str:
-    """What the side panel shows on a replay-only server: the recording's meta and summary."""
+    """What the side panel shows on a replay-only server: what was recorded, and its summary."""
     replay = getattr(state, "replay", None) or {}
-    meta, summary = replay.get("meta") or {}, replay.get("summary") or {}
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))[:120]}</td></tr>"
-                   for k, v in list(meta.items()) + list(summary.items()) if not isinstance(v, (dict, list)))
+    parts = {"meta": replay.get("meta") or {}, "summary": replay.get("summary") or {}}
+    rows = []
+    for label, part, key in REPLAY_FIELDS:
+        v = parts[part].get(key)
+        if v is None or v == "":
+            continue
+        if isinstance(v, dict):
+            v = ", ".join(f"{k} {n}" for k, n in v.items())
+        elif isinstance(v, float):
+            v = f"{v:,.2f}"
+        rows.append(f"<tr><th>{html.escape(label)}</th><td>{html.escape(str(v))[:80]}</td></tr>")
     return (f'<div class="bs-replay-info"><p>Replay of a recorded timeline. No model is loaded, so generation, '
             f'load tests and the mode toggle are off; the charts show the recording.</p>'
-            f'<table class="bs-table">{rows}</table></div>')
+            f'<table id="bs-replay-summary" class="bs-table">{"".join(rows)}</table></div>')
 
 
 # ----------------------------------------------------------------------------------------------- the page
@@ -270,7 +288,7 @@ def build_ui(state) -> gr.Blocks:
                             with gr.Row():
                                 max_tokens = gr.Number(64, label="max new tokens", precision=0, minimum=1,
                                                        maximum=max_new, elem_id="bs-max-new", interactive=live)
-                                seed = gr.Number(None, label="seed (blank = random)", precision=0,
+                                seed = gr.Number(-1, label="seed (-1 = random)", precision=0, minimum=-1,
                                                  elem_id="bs-seed", interactive=live)
                             temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="temperature (0 = greedy)",
                                                     interactive=live)
@@ -333,7 +351,7 @@ def build_ui(state) -> gr.Blocks:
             try:
                 for out in state.generate_stream(text, max_new_tokens=int(n_new or 64), temperature=float(temp),
                                                  top_p=float(p), top_k=int(k or 0),
-                                                 seed=None if sd in (None, "") else int(sd),
+                                                 seed=None if sd in (None, "") or int(sd) < 0 else int(sd),
                                                  ignore_eos=bool(no_eos), chat=bool(use_chat)):
                     if first is None and out:
                         first = time.perf_counter() - t0

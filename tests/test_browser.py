@@ -160,7 +160,7 @@ def test_live_page_story(server, browser, tmp_path):
     page.wait_for_function(f"+document.getElementById('bs-scope').dataset.steps >= {before + 20}", timeout=T)
     assert int(page.get_attribute("#bs-gantt", "data-spans")) > 20
     # the Gantt has host lanes and the (host-measured) compute lane filled; the charts carry non-zero data
-    names = page.evaluate("document.getElementById('bs-gantt').data.filter(t => t.fill && t.x.length).map(t => t.name)")
+    names = page.evaluate("document.getElementById('bs-gantt').data.filter(t => t.meta === 'lane' && t.x.length).map(t => t.name)")
     for lane in ("schedule", "fill", "launch", "update", "sync"):
         assert lane in names, names
     assert "compute (host)" in names or "compute" in names, names
