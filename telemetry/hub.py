@@ -131,7 +131,7 @@ class Subscription:
 
 
 class Hub:
-    def __init__(self, stats: Callable[[], dict] | None = None, hz: float = 20.0, max_pending: int = 200_000,
+    def __init__(self, stats: Callable[[], dict] | None = None, hz: float = 20.0, max_pending: int = 20_000,
                  stats_every: int = 5, start: bool = True):
         self.period = 1.0 / hz
         self._stats = stats

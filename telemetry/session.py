@@ -22,8 +22,8 @@ from .summary import compare, summarize, union_length
 
 class Telemetry:
     def __init__(self, engine, nvml_hz: float = 20.0, ring_steps: int = 20000, bandwidth_gbps: float | None = None,
-                 *, hub_hz: float = 20.0, ring_requests: int = 4096, recent_s: float = 5.0,
-                 max_recording_steps: int = 200_000):
+                 *, hub_hz: float = 20.0, hub_max_pending: int = 20_000, ring_requests: int = 4096,
+                 recent_s: float = 5.0, max_recording_steps: int = 200_000):
         self.engine = engine
         self.origin_ns = time.perf_counter_ns()
         self.unix_origin_ns = unix_origin_ns(self.origin_ns)
@@ -34,7 +34,7 @@ class Telemetry:
         self.last_observer_error: str | None = None
         self._closed = False
 
-        self.hub = Hub(stats=self._live_stats, hz=hub_hz)
+        self.hub = Hub(stats=self._live_stats, hz=hub_hz, max_pending=hub_max_pending)
         self.recorder = Recorder(self.origin_ns, ring_steps=ring_steps, ring_requests=ring_requests,
                                  ring_nvml=int(max(nvml_hz, 1.0) * 600), publish=self.hub.publish,
                                  max_recording_steps=max_recording_steps)

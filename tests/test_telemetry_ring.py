@@ -1,0 +1,71 @@
+"""Memory stays flat over hours of serving: every buffer telemetry keeps is bounded."""
+from __future__ import annotations
+
+import gc
+
+from engine.trace import StepTrace
+from telemetry import Telemetry
+from telemetry.synthetic import SyntheticEngine
+
+
+def feed(tel: Telemetry, first: int, count: int) -> None:
+    """Synthetic steps 10 µs of host work apart: one request arrives, gets its token and finishes each step, and
+    one more arrives that the engine never finishes (a leak telemetry must not copy)."""
+    base = tel.origin_ns
+    for n in range(first, first + count):
+        t = base + n * 100_000
+        host = {"schedule": (t, t + 10_000), "fill": (t + 10_000, t + 20_000), "launch": (t + 20_000, t + 60_000),
+                "wait": (t + 60_000, t + 61_000), "update": (t + 61_000, t + 70_000)}
+        tel._observer(StepTrace(
+            step=n, mode="async" if n % 2 else "sync", slot=n % 2, request_ids=[f"r{n}", f"ghost{n}"],
+            prefill_tokens=8, decode_tokens=1, sampled=2, carried=0, kv_blocks_used=n % 50, kv_blocks_total=64,
+            queue_depth=n % 7, running=2, host=host, arrivals=[(f"r{n}", t, 8), (f"ghost{n}", t, 8)],
+            tokens=[(f"r{n}", 1), (f"ghost{n}", 1)], finished=[(f"r{n}", "length", 8, 1)]))
+
+
+def test_the_ring_stays_bounded_over_100000_steps():
+    tel = Telemetry(SyntheticEngine(gpu=False), nvml_hz=0, ring_steps=2000, ring_requests=500,
+                    hub_max_pending=4000)
+    tel.recorder.max_active = 1000
+    stalled = tel.hub.subscribe(max_queue=8)          # a viewer that never reads
+    feed(tel, 0, 50_000)
+    # every buffer is full by now: from here on, any record, list or dict that stays alive is a leak
+    tel.hub.flush()
+    gc.collect()
+    mid = len(gc.get_objects())
+    feed(tel, 50_000, 50_000)
+    tel.hub.flush()
+    gc.collect()
+    end = len(gc.get_objects())
+    rec = tel.recorder
+    assert rec.steps_seen == 100_000 and tel.status()["observer_errors"] == 0
+    assert len(rec.steps) == 2000 and rec.steps[-1]["step"] == 99_999
+    assert len(rec.requests) == 500 and rec.requests[-1]["id"] == "r99999"
+    assert len(rec.active) <= rec.max_active and rec.evicted_active >= 100_000 - rec.max_active
+    assert len(tel.hub._pending) <= tel.hub._pending.maxlen
+    assert stalled.queued() <= 8
+    assert end - mid < 500, f"{end - mid} more live objects after the last 50,000 steps"
+    tl = tel.timeline()
+    assert len(tl["steps"]) == 2000 and tl["summary"]["steps"] == 2000
+    tel.close()
+
+
+def test_a_recording_stops_storing_at_its_cap_and_says_so():
+    tel = Telemetry(SyntheticEngine(gpu=False), nvml_hz=0, max_recording_steps=300)
+    tel.start_recording("long")
+    feed(tel, 0, 1000)
+    tel.stop_recording()
+    rec = tel.recorder.recordings["long"]
+    assert len(rec.steps) == 300 and rec.dropped["steps"] == 700
+    assert tel.timeline("long")["meta"]["recording"]["dropped"]["steps"] == 700
+    tel.close()
+
+
+def test_only_the_newest_recordings_are_kept():
+    tel = Telemetry(SyntheticEngine(gpu=False), nvml_hz=0)
+    for i in range(12):
+        tel.start_recording(f"run{i}")
+        feed(tel, i * 10, 10)
+    tel.stop_recording()
+    assert tel.recordings() == [f"run{i}" for i in range(4, 12)]
+    tel.close()
