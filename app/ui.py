@@ -116,7 +116,8 @@ def header_html(state) -> str:
         ("busy (events)" if b["nvml"] else "busy (host)", "bs-st-busy"), ("NVML" if b["nvml"] else "CPU", "bs-st-nvml"),
         ("tok/s", "bs-st-tps")))
         if live else '<span class="bs-stat">replay of a recorded timeline: no model loaded, live controls off</span>')
-    why = (b["busy_note"] or WHY_GPU) if b["nvml"] else WHY_CPU
+    on_gpu = b["nvml"] or b["device"].startswith("cuda")      # a replay of a GPU run has no live NVML either
+    why = (b["busy_note"] or WHY_GPU) if on_gpu else WHY_CPU
     reason = f' <span class="bs-reason">({e(b["nvml_reason"])})</span>' if b["nvml_reason"] and not b["nvml"] else ""
     return f"""
 <div class="bs-header">

@@ -849,7 +849,7 @@
 
   // Fixed-width bins across [lo, hi]; the trailing partial bin of a live window is dropped (it would dip).
   function makeBins(lo, hi, dataEnd, n) {
-    const w = Math.max((hi - lo) / n, 20000);
+    const w = Math.max((hi - lo) / n, 500);
     const count = Math.max(1, Math.floor((Math.min(hi, dataEnd) - lo) / w));
     return { lo, w, count, mid: i => (lo + (i + 0.5) * w) / 1e6 };
   }
@@ -925,7 +925,8 @@
     if (gpuSeen) busyTraces.push(line(busyName, { x: bx, y: by }, COLOR.compute, { fill: "tozeroy", fillcolor: "rgba(22,163,74,0.12)" }));
     busyTraces.push(line(nvName, nv, "#475569", { mode: "lines", line: { color: "#475569", width: 1.2, dash: "dash" } }));
     draw($("bs-c-busy"), busyTraces, baseLayout(lo, hi, {
-      height: 210, title: titled(nvKey === "gpu_util" ? "GPU busy %: CUDA events vs NVML" : "Busy %: compute spans vs host CPU"),
+      height: 210, title: titled("Busy %: " + (hostBasis ? "compute spans (host)" : "CUDA events") +
+                                 (nvKey === "gpu_util" ? " vs NVML" : nvKey ? " vs host CPU" : "")),
       yaxis: { range: [0, 105], gridcolor: GRID, ticksuffix: "%", tickfont: { size: 10 }, zeroline: false }, shapes,
     }));
 

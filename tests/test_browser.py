@@ -2,8 +2,8 @@
 
 A user's story on a tiny random model on the CPU: open the page, stream a prompt, flip sync/async and see the mode
 and a marker on the timeline, fire a burst and watch the Gantt and the charts grow, run an A/B, download the
-timeline JSON and load it back as a replay; then a replay-only server (no model) shows a recording with the live
-controls off. Every request the page makes must stay on 127.0.0.1.
+timeline JSON and load it back as a replay. Then a replay-only server (no model) shows a GPU-shaped recording (telemetry's
+synthetic engine) with the live controls off. Every request the page makes must stay on 127.0.0.1.
 """
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--no-first-run", "--disable-component-update", "--disable-sync"]
 LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=512, max_burst_requests=64, max_concurrent_bursts=2,
                 max_waiting_requests=256)
-SHARED: dict = {}     # the live test's downloaded timeline, replayed by the replay-only test
 T = 30_000            # ms: generous for a slow CI box; every wait ends as soon as its condition holds
 
 
@@ -255,29 +254,59 @@ def test_live_page_story(server, browser, tmp_path):
     assert not w.errors, w.errors
     w.assert_local(server.port)
     w.close()
-    SHARED["timeline"] = path
+
+
+def synthetic_gpu_timeline() -> dict:
+    """A GPU-shaped recording without a GPU: telemetry's synthetic engine (CUDA-like events on a virtual clock),
+    sync, then async, then sync again, so the H2D/compute/D2H lanes and the idle gaps have something to show."""
+    from telemetry import Telemetry
+    from telemetry.synthetic import SyntheticEngine
+
+    eng = SyntheticEngine(gpu=True, mode="sync", seed=1, host_scale=6)
+    tel = Telemetry(eng, nvml_hz=5)
+    try:
+        eng.submit(n=16, prompt_tokens=64, max_new_tokens=60)
+        eng.run(max_steps=25)
+        eng.set_mode("async")
+        eng.run(max_steps=25)
+        eng.set_mode("sync")
+        eng.run(max_steps=10)
+        return tel.timeline()
+    finally:
+        tel.close()
 
 
 def test_replay_only_server(browser, tmp_path):
-    path = SHARED.get("timeline")
-    if path is None or not Path(path).exists():
-        pytest.skip("needs the timeline downloaded by test_live_page_story")
+    path = tmp_path / "gpu-timeline.json"
+    doc = synthetic_gpu_timeline()
+    path.write_text(json.dumps(doc))
     state = AppState.from_replay_file(path)
     assert state.engine is None
     srv = ServerThread(create_app(state)).start()
     w = Watched(browser, tmp_path)
     try:
         page = w.open(srv.url + "/")
-        steps = len(json.loads(Path(path).read_text())["steps"])
         page.wait_for_selector("#bs-scope[data-source='replay']", timeout=T)
-        page.wait_for_function(f"+document.getElementById('bs-scope').dataset.steps === {steps}", timeout=T)
+        page.wait_for_function(f"+document.getElementById('bs-scope').dataset.steps === {len(doc['steps'])}",
+                               timeout=T)
+        # live controls are off: no toggle, no recording, generation and load tests disabled
         assert page.get_attribute("#bs-mode", "data-mode") == "replay"
-        assert page.query_selector("#bs-mode-sync") is None          # no toggle without an engine
-        assert page.is_disabled("#bs-rec")
+        assert page.query_selector("#bs-mode-sync") is None
+        assert not page.is_visible("#bs-rec")
+        assert "synthetic" in page.text_content("#bs-replay-summary")
         page.get_by_role("tab", name="Generate").click()
         assert page.is_disabled("#bs-generate")
         assert page.is_disabled("#bs-prompt textarea")
-        assert int(page.get_attribute("#bs-gantt", "data-spans")) > 20
+        # the GPU stream lanes, the idle gaps (highlighted and split by cause) and both switches are drawn
+        names = page.evaluate(
+            "document.getElementById('bs-gantt').data.filter(t => t.meta === 'lane' && t.x.length).map(t => t.name)")
+        for lane in ("h2d", "compute", "d2h", "gap", "sync", "async"):
+            assert lane in names, names
+        assert any(n.startswith("idle: ") for n in names), names
+        assert int(page.get_attribute("#bs-gantt", "data-markers")) == 2
+        busy = page.evaluate("document.getElementById('bs-c-busy').data.find(t => t.name === 'event busy %').y")
+        assert 0 < max(busy) <= 100
+        page.screenshot(path=str(tmp_path / "replay.png"), full_page=True)
         assert not w.errors, w.errors
         w.assert_local(srv.port)
     finally:
