@@ -334,9 +334,10 @@ class TransformersRunner:
             torch.cuda.empty_cache()
 
 
-def _nvml_window(tel, label: str, window) -> dict:
+def _nvml_window(tel, label: str, window) -> tuple[dict, dict]:
     """NVML utilization (and host CPU %) over a transformers run, from the samples telemetry's sampler took while
-    it ran (recorded under `label`). `window` is (first, last) token time in perf_counter seconds."""
+    it ran (recorded under `label`), and that recording's timeline. `window` is the (first, last) decode token
+    time in perf_counter seconds; recording times are µs since the recording started."""
     timeline = tel.timeline(label)
     samples = timeline["nvml"]
     if window is not None:
@@ -366,7 +367,6 @@ def run_benchmark(args) -> dict:
     from engine.models import resolve_device
 
     device = resolve_device(args.device)
-    cuda = device.type == "cuda"
     show = not args.no_progress
     _say(f"measuring copy bandwidth on {device}")
     bandwidth = measure_bandwidth(device, args.bandwidth_mib)
@@ -382,7 +382,6 @@ def run_benchmark(args) -> dict:
     _say(f"loading {args.model} on {device}")
     bs = BatchscopeRunner(config, not args.no_telemetry, bandwidth["gbps"], show)
     tf = None
-    result: dict = {}
     try:
         info = bs.engine.info
         if per_request > info["max_model_len"]:
