@@ -183,6 +183,91 @@ def test_dispatcher_picks_the_path_from_max_query_len():
     check(at.paged_attention_triton(q, kc, vc, meta, 0.125), reference(q, kc, vc, meta, 0.125), torch.float32)
 
 
+# Compiles (no GPU needed: Triton ships ptxas) the kernels for sm_90 with exactly the arguments the host code
+# launches them with, recorded through a stand-in launcher. Runs in a subprocess because this process may have
+# decorated the kernels for the interpreter.
+COMPILE_FOR_HOPPER = r"""
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource
+from engine import attention_triton as at
+from engine.attention import AttentionMetadata
+
+launches = []
+
+class Record:
+    def __init__(self, kernel):
+        self.kernel = kernel
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: launches.append((self.kernel, args, kwargs))
+
+for name in ("_decode_split_kernel", "_decode_merge_kernel", "_prefill_kernel"):
+    setattr(at, name, Record(getattr(at, name)))
+
+def meta(seq_lens, query_lens, block_size):
+    width = max(seq_lens) // block_size + 1
+    qsl = [0]
+    for n in query_lens:
+        qsl.append(qsl[-1] + n)
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)
+    return AttentionMetadata(torch.zeros(qsl[-1], dtype=torch.int64), i32(qsl), i32(seq_lens),
+                             torch.zeros(len(seq_lens), width, dtype=torch.int32), qsl, seq_lens,
+                             max(query_lens), max(seq_lens), [], "triton")
+
+def case(heads, kv_heads, d, block_size, dtype, seq_lens, query_lens, window):
+    cache = torch.empty(64, block_size, kv_heads, d, dtype=dtype)
+    q = torch.empty(1, heads, sum(query_lens), d, dtype=dtype)[0].transpose(0, 1)
+    at.paged_attention_triton(q, cache, cache, meta(seq_lens, query_lens, block_size), d ** -0.5, window)
+
+case(32, 8, 128, 16, torch.bfloat16, [900, 4000], [1, 1], None)          # split decode + merge
+case(9, 3, 64, 32, torch.float16, [40, 7], [1, 1], 16)                    # one split: direct output, window
+case(32, 8, 128, 16, torch.bfloat16, [900, 4000, 5], [256, 1, 5], None)   # prefill, decode rows mixed in
+case(16, 2, 128, 16, torch.float32, [90, 3], [90, 1], 32)                 # fp32 prefill, window
+
+for kernel, args, kwargs in launches:
+    params = [p for p in kernel.params if not p.is_constexpr]
+    signature, constants, attrs = {}, {}, {}
+    for i, (p, value) in enumerate(zip(params, args)):
+        if isinstance(value, torch.Tensor):
+            signature[p.name] = "*" + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+                                       torch.int32: "i32"}[value.dtype]
+            aligned = value.data_ptr() % 16 == 0
+        elif isinstance(value, float):
+            signature[p.name], aligned = "fp32", False
+        elif value == 1:   # the launcher turns integer 1 into a constant
+            signature[p.name], aligned = "constexpr", False
+            constants[p.name] = 1
+        else:
+            signature[p.name], aligned = "i32", value % 16 == 0
+        if aligned:
+            attrs[(kernel.arg_names.index(p.name),)] = [["tt.divisibility", 16]]
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    for name, value in kwargs.items():
+        signature[name] = "constexpr"
+        constants[name] = value
+    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=options)
+    assert compiled.metadata.shared <= 227 * 1024, (kernel.fn.__name__, compiled.metadata.shared)
+    print(kernel.fn.__name__, constants.get("HEAD_DIM"), "shared", compiled.metadata.shared)
+print("compiled", len(launches))
+"""
+
+
+def test_kernels_compile_for_hopper_with_the_launch_arguments():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    if proc.returncode and "ptxas" in proc.stderr and "not found" in proc.stderr:
+        pytest.skip("this triton build has no ptxas")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "compiled 5" in proc.stdout, proc.stdout  # split decode + merge, direct decode, 2 prefills
+
+
 def test_decode_splits_fill_the_gpu_without_overshooting():
     assert at.decode_splits(256, 16) == 1
     assert at.decode_splits(8448, 16) == 33
