@@ -123,7 +123,7 @@ class Sampler:
             self.sample_once()
 
     def sample_once(self) -> dict:
-        sample = {"t_us": self.now_us(), "gpu_util": None, "mem_util": None, "mem_used_mb": None,
+        sample = {"t_us": round(self.now_us(), 1), "gpu_util": None, "mem_util": None, "mem_used_mb": None,
                   "power_w": None, "sm_clock_mhz": None, "source": self.kind}
         if self._proc is not None:
             try:

@@ -15,6 +15,7 @@ import time
 from .export import build_timeline, created_now, shift_records
 from .hub import Hub, request_view
 from .nvml import BUSY_NOTE, Sampler, unix_origin_ns
+from .perfetto import to_perfetto
 from .records import SCHEMA_ID, span_end, span_start
 from .recorder import Recorder
 from .summary import compare, summarize, union_length
@@ -166,6 +167,10 @@ class Telemetry:
                             t0, t1)
         return build_timeline(self._meta(rec_meta, origin), parts["steps"], parts["requests"], parts["nvml"],
                               parts["mode_changes"], summary)
+
+    def perfetto(self, recording: str | None = None, max_events: int = 2_000_000) -> dict:
+        """The same timeline as a Chrome Trace Event dict (Perfetto / chrome://tracing)."""
+        return to_perfetto(self.timeline(recording), max_events=max_events)
 
     # ---- shutdown --------------------------------------------------------------------------------------------
     def close(self) -> None:
