@@ -280,7 +280,11 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     res = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
            "triton": triton.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "checks": [],
-           "decode": [], "decode_splits_sweep": [], "decode_tile_sweep": [], "prefill": []}
+           "decode": [], "decode_splits_sweep": [], "decode_min_keys_sweep": [], "decode_tile_sweep": [],
+           "prefill": [],
+           "defaults": {"programs_per_sm": at.PROGRAMS_PER_SM, "min_keys_per_split": at.MIN_KEYS_PER_SPLIT,
+                        "decode_block_n": at._decode_block_n(torch.bfloat16, 128), "decode_num_stages": 3,
+                        "decode_num_warps": 4}}
     print(f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}")
 
     print("\n## correctness vs the torch reference")
@@ -324,6 +328,12 @@ def main() -> int:
                        key=lambda r: r["graph_ms"])
             print(f"    best splits {best['splits']}: {best['graph_ms'] * 1e3:.1f} us "
                   f"({best['graph_x_floor']:.2f}x floor)")
+            if label in ("512", "2048"):
+                for keys in (64, 128, 512):
+                    ms = bench.graph_ms(min_split_keys=keys)
+                    res["decode_min_keys_sweep"].append({"context": label, "min_split_keys": keys, "graph_ms": ms,
+                                                         "graph_x_floor": ms / floor_ms})
+                    print(f"    min keys per split {keys}: {ms * 1e3:.1f} us ({ms / floor_ms:.2f}x floor)")
             if label in ("512", "8448"):
                 for block_n, stages, warps in TILE_SWEEP:
                     try:

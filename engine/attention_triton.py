@@ -28,7 +28,7 @@ LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
 # Aim for this many decode programs per SM so that HBM has enough loads in flight and the last wave is short.
-PROGRAMS_PER_SM = 8
+PROGRAMS_PER_SM = 16
 DEFAULT_NUM_SMS = 132  # H200 / H100 SXM
 # Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) multiplies bf16/fp16 tiles as raw integer
 # bits; there the kernels upcast dot operands to fp32 (after the same bf16 rounding of p the GPU does).
@@ -85,21 +85,23 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Decode: one query token per request. Grid (B, KVH, NUM_SPLITS); each program attends G heads to one slice of
+# Decode: one query token per request. Grid (num_splits, KVH, B); each program attends G heads to one slice of
 # the request's context and writes a partial (normalised output + log-sum-exp); a second kernel merges the slices.
+# Splits are the fastest grid axis so that the cheap programs of empty splits (short requests) interleave with
+# busy ones instead of queueing up as a tail at the end of the launch.
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
 def _decode_split_kernel(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, part_out, part_lse, out,
-        qk_scale, window, num_splits,
+        qk_scale, window, num_splits, min_tiles,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, stride_ot, stride_oh,
         NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-        D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr,
+        D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
         USE_WINDOW: tl.constexpr, DIRECT_OUT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
-    b = tl.program_id(0)
+    split = tl.program_id(0)
     kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    b = tl.program_id(2)
 
     row = tl.load(query_start_loc + b)
     has_query = tl.load(query_start_loc + b + 1) > row
@@ -112,16 +114,17 @@ def _decode_split_kernel(
     # The split size is decided on the device from this request's own length: splits past the end get no tiles.
     first_tile = kv_start // BLOCK_N
     n_tiles = tl.cdiv(ctx, BLOCK_N) - first_tile
-    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), MIN_TILES)
+    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), min_tiles)
     t0 = first_tile + split * per_split
     t1 = tl.minimum(t0 + per_split, first_tile + n_tiles)
+    has_work = t1 > t0
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
     head = kvh * G + g
     row_ok = g < G
     q_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
-    qv = tl.load(q + row * stride_qt + head[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    qv = tl.load(q + row * stride_qt + head[:, None] * stride_qh + d[None, :], mask=q_mask & has_work, other=0.0)
 
     acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
     m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
@@ -141,10 +144,10 @@ def _decode_split_kernel(
         tl.store(out + row * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
                  mask=q_mask & has_query)
     else:
-        # An empty split stores lse = -inf, which the merge reads as weight 0.
+        # An empty split stores only lse = -inf, which the merge reads as weight 0 (it skips that output slot).
         part = (b * NUM_HEADS + head) * num_splits + split
         tl.store(part_lse + part, tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
-        tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask)
+        tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask & has_work)
 
 
 @triton.jit
@@ -313,7 +316,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  sliding_window: int | None = None, num_splits: int | None = None, block_n: int | None = None,
                  min_split_keys: int = MIN_KEYS_PER_SPLIT, num_warps: int = 4, num_stages: int | None = None,
                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """One query per request (rows with none are skipped). Capturable: the grid is (B, KVH, num_splits).
+    """One query per request (rows with none are skipped). Capturable: the grid is (num_splits, KVH, B).
 
     num_splits: None picks `decode_splits` from the block table's width (the longest context it can hold) and
     the batch shape, both host-side shapes, so a captured graph stays valid as lengths change.
@@ -340,14 +343,14 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         part_out = torch.empty((B, H, num_splits, D), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((B, H, num_splits), dtype=torch.float32, device=q.device)
     D_PAD = _pow2(max(16, D))
-    _decode_split_kernel[(B, KVH, num_splits)](
+    _decode_split_kernel[(num_splits, KVH, B)](
         q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, part_out, part_lse, out,
-        scale * LOG2E, int(sliding_window or 0), num_splits,
+        scale * LOG2E, int(sliding_window or 0), num_splits, max(1, min_split_keys // block_n),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         meta.block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_HEADS=H, G=G, G_PAD=_pow2(max(16, G)), HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size,
-        BLOCK_N=block_n, MIN_TILES=max(1, min_split_keys // block_n),
+        BLOCK_N=block_n,
         USE_WINDOW=bool(sliding_window), DIRECT_OUT=direct, PRECISION=_precision(q.dtype),
         DOT_F32=_dot_f32(q.dtype),
         num_warps=num_warps, num_stages=num_stages or (3 if q.element_size() <= 2 else 2))
