@@ -8,11 +8,13 @@ come without one (async steady state: the device is never idle). Keeping it is s
 anchor only on an idle launch, and that step's trace, carrying the new pair, is the next one delivered.
 
 Bounds keep the mapping honest when the anchor is a little off or the two clocks drift apart during a long busy
-stretch: a step's device work cannot start before the host began building it, and its D2H copy cannot end after
-the host stopped waiting for it (both strict); when the host really blocked in its wait, the copy ended at most
-`wake_slack_us` before the host woke (the wake-up is what ends the wait). A violated bound shifts the mapping
-just enough, and the shift is kept until the next anchor. Gap lengths come from device times alone, so the shift
-moves spans relative to the host lanes but never changes a gap.
+stretch. Two are strict: a step's device work cannot start before the host began building it, and its D2H copy
+cannot end after the host stopped waiting for it. One is learned: when the host really blocked in its wait, the
+copy's end is what woke it, so the copy ended at most `wake_slack_us` before the wait ended. A single slow
+wake-up (the OS scheduling something else) must not move the clock, so that bound acts only once it has been
+violated `persist` blocked steps in a row, and then by the smallest violation among them. A violated bound
+shifts the mapping just enough; the shift is kept until the next anchor. Gap lengths come from device times
+alone, so a shift moves spans relative to the host lanes but never changes a gap.
 
 Only events of the trace being delivered are read: they are complete (the step was consumed) and they will be
 re-recorded two steps later, so no reference to them is kept.
@@ -23,9 +25,11 @@ from engine.trace import GPU_PHASES
 
 
 class EventClock:
-    def __init__(self, origin_ns: int, wake_slack_us: float = 500.0):
+    def __init__(self, origin_ns: int, wake_slack_us: float = 30.0, persist: int = 8):
         self.origin_ns = origin_ns
         self.wake_slack_ns = wake_slack_us * 1000.0
+        self.persist = persist
+        self._late_wakes: list[float] = []    # consecutive wake-bound violations (ns), newest last
         self._anchor: tuple | None = None     # (event, host_ns) of the newest anchor
         self._shift_ns = 0.0
         self.anchors = 0          # distinct anchors seen
@@ -36,7 +40,7 @@ class EventClock:
     def _us(self, ns: float) -> float:
         return round((ns - self.origin_ns) / 1000.0, 1)
 
-    def resolve(self, trace, cpu: dict) -> tuple[dict | None, str]:
+    def resolve(self, trace) -> tuple[dict | None, str]:
         """Map the trace's GPU events to host µs. Returns ({phase: [start_us, end_us]}, basis) where basis is
         "gpu" (anchored), "gpu_wait" (no anchor: D2H end placed at the end of the host's wait) or "none"."""
         events = trace.gpu_events
@@ -46,6 +50,7 @@ class EventClock:
             if trace.anchor is not None and trace.anchor is not self._anchor:
                 if self._anchor is None or trace.anchor[1] != self._anchor[1]:
                     self._shift_ns = 0.0        # a fresh anchor: forget the old correction
+                    self._late_wakes.clear()
                     self.anchors += 1
                 self._anchor = trace.anchor
             if self._anchor is not None:
@@ -72,19 +77,18 @@ class EventClock:
     def _apply_bounds(self, ns: dict, host: dict) -> None:
         first = min(a for a, _ in ns.values())
         last = ns["d2h"][1] if "d2h" in ns else max(b for _, b in ns.values())
-        low = high = None
-        if host:
-            low = min(a for a, _ in host.values()) - first          # built before it ran
-        wait = host.get("wait")
-        if wait is not None:
-            high = wait[1] - last                                      # copied before the host saw it
-            if wait[1] - wait[0] > self.wake_slack_ns:                 # the host blocked: it woke on the copy
-                low = max(low if low is not None else -float("inf"), wait[1] - self.wake_slack_ns - last)
         shift = self._shift_ns
-        if low is not None and shift < low:
-            shift = low
-        if high is not None and shift > high:                          # the strict bound wins a conflict
-            shift = high
+        wait = host.get("wait")
+        if wait is not None and wait[1] - wait[0] > self.wake_slack_ns:       # the host blocked: it woke on the copy
+            early = wait[1] - self.wake_slack_ns - (last + shift)
+            self._late_wakes = self._late_wakes + [early] if early > 0 else []
+            if len(self._late_wakes) >= self.persist:                          # persistent, so not a slow wake-up
+                shift += min(self._late_wakes)
+                self._late_wakes = []
+        if host:
+            shift = max(shift, min(a for a, _ in host.values()) - first)     # built before it ran
+        if wait is not None:
+            shift = min(shift, wait[1] - last)                                 # copied before the host saw it
         if shift != self._shift_ns:
             self._shift_ns = shift
             self.corrections += 1

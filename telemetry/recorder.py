@@ -95,7 +95,7 @@ class Recorder:
         us = self._us
         cpu = {phase: [us(a), us(b)] for phase, (a, b) in tr.host.items()}
         if tr.gpu_events:
-            gpu, basis = self.clock.resolve(tr, tr.host)
+            gpu, basis = self.clock.resolve(tr)
             compute = gpu.get("compute") if gpu else None
             if compute is None:
                 basis = "none"
