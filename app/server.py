@@ -155,44 +155,43 @@ class TokenAuth:
         return await self.app(scope, receive, send_with_cookie)
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimit:
-    """Refuse request bodies over a size limit with 413, whether or not they declare a Content-Length."""
+    """Refuse /api and /v1 request bodies over a size limit with a JSON 413, declared (Content-Length) or not
+    (chunked). Gradio's own routes keep Gradio's limits."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith(("/api/", "/v1/")):
             return await self.app(scope, receive, send)
-        limit = MAX_REPLAY_BYTES if scope["path"] == "/api/replay" else MAX_BODY_BYTES
-        declared = dict(scope.get("headers", [])).get(b"content-length")
-        reason = f"request body over the limit of {limit >> 20} MiB"
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return await error_response(HTTPConnection(scope), 413, reason)(scope, receive, send)
-        seen, started = 0, False
+        limit = MAX_REPLAY_BYTES if path == "/api/replay" else MAX_BODY_BYTES
+        refusal = error_response(HTTPConnection(scope), 413, f"request body over the limit of {limit >> 20} MiB")
+        declared = dict(scope.get("headers", [])).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            return await refusal(scope, receive, send)
+        seen, over, answered = 0, False, False
 
         async def counting_receive():
-            nonlocal seen
+            nonlocal seen, over
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise _BodyTooLarge()
+                    over = True         # whatever the app makes of the cut-off body, the answer is our 413
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracking_send(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await error_response(HTTPConnection(scope), 413, reason)(scope, receive, send)
+        async def guarded_send(message):
+            nonlocal answered
+            if not over:
+                return await send(message)
+            if not answered:
+                answered = True
+                await refusal(scope, receive, send)
+
+        await self.app(scope, counting_receive, guarded_send)
 
 
 # ----------------------------------------------------------------------------------------------- dependencies
@@ -709,7 +708,7 @@ def create_app(state: AppState, token: str | None = None, ui: bool = True, close
 
     if ui:
         mount_ui(app, state)
-    # outermost first: auth before anything reads the body
+    # the middleware added last runs first: auth before anything reads a body
     app.add_middleware(BodyLimit)
     if token:
         app.add_middleware(TokenAuth, token=token)

@@ -260,6 +260,14 @@ def test_oversized_body_is_413(client):
                     headers={"content-type": "application/json"})
     assert r.status_code == 413 and "limit" in r.json()["error"]
 
+    def chunked():                      # no Content-Length: the server has to count
+        yield b'{"prompt": "'
+        for _ in range(9):
+            yield b"x" * (1 << 20)
+        yield b'"}'
+    r = client.post("/v1/completions", content=chunked(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
 
 def test_engine_keeps_serving_after_bad_inputs(client):
     for method, path, body, _, _ in BAD:
@@ -300,10 +308,14 @@ def wait_idle(state, timeout=10.0) -> bool:
     return False
 
 
-def finish_of(state, request_id):
-    for r in state.telemetry.timeline()["requests"]:
-        if r["id"] == request_id:
-            return r["finish_reason"], r["output_tokens"]
+def finish_of(state, request_id, timeout=10.0):
+    """How telemetry saw the request end (it learns a moment after the engine lets go of the request)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for r in state.telemetry.timeline()["requests"]:
+            if r["id"] == request_id and r.get("finish_reason"):
+                return r["finish_reason"], r["output_tokens"]
+        time.sleep(0.05)
     return None, None
 
 
