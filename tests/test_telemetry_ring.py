@@ -44,7 +44,8 @@ def test_the_ring_stays_bounded_over_100000_steps():
     assert len(rec.active) <= rec.max_active and rec.evicted_active >= 100_000 - rec.max_active
     assert len(tel.hub._pending) <= tel.hub._pending.maxlen
     assert stalled.queued() <= 8
-    assert end - mid < 500, f"{end - mid} more live objects after the last 50,000 steps"
+    # a leak of even one small container per step would add 50,000; other threads may allocate a little
+    assert end - mid < 5_000, f"{end - mid} more live objects after the last 50,000 steps"
     tl = tel.timeline()
     assert len(tl["steps"]) == 2000 and tl["summary"]["steps"] == 2000
     tel.close()
