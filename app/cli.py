@@ -178,7 +178,12 @@ def _serve(state, args) -> int:
     host = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{host}:{args.port}/" + (f"?token={args.token}" if args.token else "")
     threading.Thread(target=_announce, args=(server, url, args.open), daemon=True).start()
-    server.run()                        # returns on Ctrl-C; the lifespan closes the engine
+    try:
+        server.run()                    # the lifespan closes the engine on shutdown
+    except KeyboardInterrupt:
+        pass                            # uvicorn shut down cleanly, then re-raised Ctrl-C for the default handler
+    finally:
+        state.close()                   # no-op when the lifespan already did it; needed if start-up failed
     return 0 if server.started else 1
 
 

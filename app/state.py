@@ -47,6 +47,7 @@ class AppState:
         self.started = time.time()
         self._lock = threading.Lock()
         self._recording: str | None = None
+        self._closed = False
         self.bursts: BurstManager | None = None
         if engine is not None:
             self.bursts = BurstManager(engine, self.limits, self.vocab_size, telemetry=telemetry)
@@ -74,6 +75,11 @@ class AppState:
         return cls(limits=limits, replay=load_timeline(path))
 
     def close(self) -> None:
+        """Stop bursts, telemetry and the engine (in that order). Safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         if self.bursts is not None:
             self.bursts.close()
         if self.telemetry is not None:
