@@ -301,7 +301,14 @@ class AppState:
 
     def start_recording(self, name: str | None = None) -> dict:
         tel = self._need_telemetry()
-        name = name or time.strftime("rec-%Y%m%d-%H%M%S")
+        if not name:
+            name = base = time.strftime("rec-%Y%m%d-%H%M%S")
+            n, taken = 1, self._recording_names()
+            while name in taken:
+                n += 1
+                name = f"{base}-{n}"
+        elif name in self._recording_names():
+            raise ValueError(f"a recording named {name!r} exists already; choose another name")
         if not isinstance(name, str) or not RECORDING_NAME.match(name):
             raise ValueError("recording name must be 1-64 letters, digits, '.', '_' or '-', starting with a letter "
                              f"or digit; got {name!r}")

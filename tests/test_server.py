@@ -184,6 +184,14 @@ def test_recording_start_stop_and_fetch(client):
     stop = client.post("/api/recording/stop").json()
     assert stop["recording"] == "rec-a" and stop["state"] == "stopped"
     assert "rec-a" in client.get("/api/recordings").json()["recordings"]
+    r = client.post("/api/recording/start", json={"name": "rec-a"})
+    assert r.status_code == 400 and "exists" in r.json()["error"]
+    # unnamed recordings get names of their own, even two in the same second
+    names = []
+    for _ in range(2):
+        names.append(client.post("/api/recording/start").json()["recording"])
+        client.post("/api/recording/stop")
+    assert names[0] != names[1] and set(names) <= set(client.get("/api/recordings").json()["recordings"])
     tl = client.get("/api/timeline.json", params={"recording": "rec-a"}).json()
     validate_timeline(tl)
     assert tl["steps"] and tl["meta"]["recording"]["name"] == "rec-a"
