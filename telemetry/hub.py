@@ -12,7 +12,7 @@ import asyncio
 import json
 import threading
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 
 class SubscriptionClosed(Exception):
@@ -35,7 +35,7 @@ class Subscription:
     """One viewer's queue. Create it with `Hub.subscribe` from inside an asyncio task; read with `await get()`
     (message dicts, shared between viewers: do not modify them) or `await get_text()` (the same, JSON-encoded)."""
 
-    def __init__(self, hub: "Hub", max_queue: int, loop: asyncio.AbstractEventLoop | None):
+    def __init__(self, hub: Hub, max_queue: int, loop: asyncio.AbstractEventLoop | None):
         self._hub = hub
         self.max_queue = max(1, int(max_queue))
         self._loop = loop

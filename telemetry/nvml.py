@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 BUSY_NOTE = ("NVML utilization is the share of a 1/6-1 s driver window in which any kernel was running, so it "
              "reads near 100% even when the GPU idles for milliseconds between steps. busy_pct is measured from "

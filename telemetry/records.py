@@ -10,7 +10,7 @@ launch there), marked `compute_basis: "host"`.
 """
 from __future__ import annotations
 
-from engine.trace import GPU_PHASES, HOST_PHASES
+from engine.trace import GPU_PHASES, HOST_PHASES  # noqa: F401 (the phase names are part of the record schema)
 
 SCHEMA_ID = "batchscope.timeline/1"
 
@@ -100,6 +100,3 @@ def span_start(rec: dict) -> float | None:
         starts.extend(s[0] for s in gpu.values())
     return min(starts) if starts else None
 
-
-__all__ = ["SCHEMA_ID", "IDLE_CAUSES", "COMPUTE_BASES", "NVML_FIELDS", "FINISH_REASONS", "HOST_PHASES",
-           "GPU_PHASES", "step_record", "request_record", "mode_record", "span_start", "span_end"]

@@ -16,8 +16,8 @@ from .export import build_timeline, created_now, shift_records
 from .hub import Hub, request_view
 from .nvml import BUSY_NOTE, Sampler, unix_origin_ns
 from .perfetto import to_perfetto
-from .records import SCHEMA_ID, span_end, span_start
 from .recorder import Recorder
+from .records import SCHEMA_ID, span_end, span_start
 from .summary import compare, summarize, union_length
 
 
@@ -185,7 +185,7 @@ class Telemetry:
         self.sampler.close()
         self.hub.close()
 
-    def __enter__(self) -> "Telemetry":
+    def __enter__(self) -> Telemetry:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -26,7 +26,7 @@ class FakeEvent:
     def __init__(self, t_ms: float | None = None):
         self.t_ms = t_ms
 
-    def elapsed_time(self, end: "FakeEvent") -> float:
+    def elapsed_time(self, end: FakeEvent) -> float:
         if self.t_ms is None or end.t_ms is None:
             raise RuntimeError("CUDA error: device not ready (event not recorded or not complete)")
         return end.t_ms - self.t_ms

@@ -123,7 +123,7 @@ def test_a_fresh_anchor_forgets_the_old_correction():
 
 def test_without_any_anchor_the_copy_ends_when_the_wait_ends():
     dev, clock = Device(), EventClock(ORIGIN)
-    tr, truth = trace(dev, ORIGIN + 5_000_000)
+    tr, _ = trace(dev, ORIGIN + 5_000_000)
     gpu, basis = clock.resolve(tr)
     assert basis == "gpu_wait"
     assert gpu["d2h"][1] == pytest.approx((tr.host["wait"][1] - ORIGIN) / 1000, abs=0.11)

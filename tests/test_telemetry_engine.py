@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine import EngineConfig, HOST_PHASES, SamplingParams
+from engine import HOST_PHASES, EngineConfig, SamplingParams
 from telemetry import Telemetry, load_timeline, to_perfetto
 
 Engine = pytest.importorskip("engine.engine").Engine
@@ -31,7 +31,7 @@ def served():
 
 
 def test_records_are_complete_and_consistent_on_the_real_engine(served):
-    eng, tel, outputs = served
+    _, tel, outputs = served
     tl = load_timeline(json.dumps(tel.timeline()))          # through JSON and the loader's checks
     steps = tl["steps"]
     assert [r["step"] for r in steps] == sorted({r["step"] for r in steps})
@@ -53,7 +53,7 @@ def test_records_are_complete_and_consistent_on_the_real_engine(served):
 
 
 def test_both_modes_and_the_switches_are_recorded(served):
-    eng, tel, _ = served
+    _, tel, _ = served
     tl = tel.timeline()
     modes = [r["mode"] for r in tl["steps"]]
     assert {"sync", "async"} <= set(modes)
@@ -68,7 +68,7 @@ def test_both_modes_and_the_switches_are_recorded(served):
 
 
 def test_summary_status_and_perfetto_on_the_real_engine(served):
-    eng, tel, _ = served
+    _, tel, _ = served
     s = tel.summary()
     assert s["steps"] == len(tel.recorder.steps) and 0 < s["busy_pct"] <= 100
     assert s["tokens_per_s"] > 0 and s["requests_finished"] == len(served[2]) == 10 and s["busy_basis"] == "host"

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from telemetry import Telemetry, nvml as nvml_mod
+from telemetry import Telemetry
+from telemetry import nvml as nvml_mod
 from telemetry.nvml import Sampler
 from telemetry.synthetic import SyntheticEngine
 

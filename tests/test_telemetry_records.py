@@ -79,7 +79,7 @@ def test_records_are_complete_and_consistent(gpu):
 
 
 def test_cpu_records_have_no_gpu_key_and_use_the_launch_span():
-    eng, tel = story(gpu=False)
+    _, tel = story(gpu=False)
     for rec in tel.timeline()["steps"]:
         assert "gpu" not in rec
         assert rec["compute_basis"] == "host"
@@ -109,7 +109,7 @@ def test_async_hides_the_gaps_that_sync_opens():
 
 
 def test_idle_parts_sum_to_the_gap_and_an_empty_queue_is_named():
-    eng, tel = story(gpu=True)
+    _, tel = story(gpu=True)
     steps = tel.timeline()["steps"]
     for rec in steps[1:]:
         parts = rec["idle_by_cause_us"]
@@ -124,7 +124,7 @@ def test_idle_parts_sum_to_the_gap_and_an_empty_queue_is_named():
 
 
 def test_mode_changes_are_recorded_at_the_step_they_take_effect():
-    eng, tel = story(gpu=True)
+    _, tel = story(gpu=True)
     tl = tel.timeline()
     changes = tl["mode_changes"]
     assert [(c["from"], c["to"]) for c in changes] == [("sync", "async"), ("async", "sync")]
@@ -140,7 +140,7 @@ def test_mode_changes_are_recorded_at_the_step_they_take_effect():
 def test_events_are_read_inside_the_callback():
     """The synthetic engine invalidates a step's events right after its trace is delivered (the engine re-records
     them two steps later): reading them late would fail and drop the GPU spans."""
-    eng, tel = story(gpu=True)
+    _, tel = story(gpu=True)
     assert all("gpu" in r for r in tel.timeline()["steps"])
     assert tel.status()["clock"]["failures"] == 0
     tel.close()
@@ -152,10 +152,10 @@ class _Pending:
 
 
 def _trace(step, host, **kw):
-    base = dict(step=step, mode="sync", slot=step % 2, request_ids=["a"], prefill_tokens=0, decode_tokens=1,
-                sampled=1, carried=0, kv_blocks_used=1, kv_blocks_total=8, queue_depth=0, running=1, host=host)
-    base.update(kw)
-    return StepTrace(**base)
+    fields = {"step": step, "mode": "sync", "slot": step % 2, "request_ids": ["a"], "prefill_tokens": 0,
+              "decode_tokens": 1, "sampled": 1, "carried": 0, "kv_blocks_used": 1, "kv_blocks_total": 8,
+              "queue_depth": 0, "running": 1, "host": host}
+    return StepTrace(**{**fields, **kw})
 
 
 def _host(t0_ns):
