@@ -130,7 +130,10 @@ def to_perfetto(timeline: dict, max_events: int = 2_000_000, max_request_lanes: 
         if idle and comp:
             tr.span(GPU, _IDLE_TID, f"idle: {rec.get('idle_cause')}", comp[0] - idle, comp[0], "idle",
                     {"step": n, **(rec.get("idle_by_cause_us") or {})})
-        t = _q((comp or next(iter(rec["cpu"].values()), [0.0]))[0])
+        start = comp or next(iter(rec["cpu"].values()), None)
+        if start is None:                # a step that failed before any span: nothing to place
+            continue
+        t = _q(start[0])
         counters.append(_counter("batch requests", t, {"requests": rec["num_requests"]}))
         counters.append(_counter("batch tokens", t, {"prefill": rec["prefill_tokens"],
                                                       "decode": rec["decode_tokens"]}))
