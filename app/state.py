@@ -1,8 +1,8 @@
 """AppState: what the HTTP routes, the websocket and the Gradio UI share — the engine, its telemetry, the
 load generator, the limits and a loaded replay — behind a small set of methods that validate their inputs.
 
-Errors speak for themselves: ValueError (bad input or over a cap, 400), BusyError (at capacity, 429), NotFoundError (404),
-NoEngineError (replay-only, 409), telemetry.TimelineError (a malformed timeline, 400).
+Errors speak for themselves: ValueError (bad input or over a cap, 400), BusyError (at capacity, 429),
+NotFoundError (404), NoEngineError (replay-only, 409), telemetry.TimelineError (a malformed timeline, 400).
 """
 from __future__ import annotations
 
@@ -13,15 +13,11 @@ from pathlib import Path
 from typing import Iterator
 
 from engine.config import MODES, EngineConfig, SamplingParams
+from telemetry.nvml import BUSY_NOTE
 
 from .loadgen import BurstManager, BusyError, Limits
 
 __all__ = ["AppState", "Limits", "BusyError", "NotFoundError", "NoEngineError"]
-
-# NVML's utilization counter and the event-based busy share answer different questions; the UI shows both.
-BUSY_NOTE = ("GPU busy % here is measured from CUDA events: the share of wall time in which this engine's compute "
-             "stream ran a step. NVML's utilization is the share of a 1/6-1 s sampling window in which any kernel "
-             "ran at all, so it reads near 100% even when sub-millisecond gaps separate every step.")
 
 DEFAULT_NEW_TOKENS = 128           # when a caller does not say (capped by the limit)
 RECORDING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -286,7 +286,7 @@ def test_engine_keeps_serving_after_bad_inputs(client):
 
 
 def test_capacity_refusals_are_429(served):
-    srv, state = served
+    _, state = served
     busy = AppState(state.engine, state.telemetry, Limits(max_waiting_requests=0))
     try:
         with ServerThread(create_app(busy, ui=False)) as other, httpx.Client(base_url=other.url) as c:
@@ -449,9 +449,8 @@ def test_websocket_needs_the_token(guarded):
     asyncio.run(go())
 
 
-def test_port_in_use_is_reported(served):
+def test_port_in_use_is_reported():
     # a second server on the same port fails to start instead of hanging
-    srv, state = served
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
