@@ -155,9 +155,8 @@ class Recorder:
             req["finish_reason"] = reason
             if req["prompt_tokens"] is None:
                 req["prompt_tokens"] = prompt
-            if output != req["output_tokens"]:   # the engine's count wins; say that telemetry saw otherwise
-                req["tokens_seen"] = req["output_tokens"]
-                req["output_tokens"] = output
+            if output != req["output_tokens"]:   # attached mid-request: keep count == token times, note the rest
+                req["output_tokens_engine"] = output
             self.requests.append(req)
             self._to_recording("requests", req)
             self.publish("request", req)

@@ -61,7 +61,7 @@ REQUEST = {
         "finish_reason": {"enum": [*FINISH_REASONS, None]},
         "token_us": {"type": "array", "items": {"type": "number"}},
         "preemptions": _COUNT,
-        "tokens_seen": _COUNT,
+        "output_tokens_engine": _COUNT,
     },
 }
 

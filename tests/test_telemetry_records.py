@@ -217,3 +217,17 @@ def test_close_detaches_from_the_engine():
     eng.submit(1, 8, 2)
     eng.run()
     assert tel.timeline()["steps"] == []
+
+
+def test_attaching_mid_request_still_exports_a_valid_timeline():
+    eng = SyntheticEngine(gpu=True, mode="async")
+    eng.submit(2, prompt_tokens=8, max_new_tokens=6)
+    eng.run(max_steps=3)                               # tokens flowed before anyone was watching
+    tel = Telemetry(eng, nvml_hz=0)
+    eng.run()
+    tl = json.loads(json.dumps(tel.timeline()))
+    validate_timeline(tl)
+    for req in tl["requests"]:
+        assert req["arrival_us"] is None and req["finish_reason"] == "length"
+        assert req["output_tokens"] == len(req["token_us"]) < req["output_tokens_engine"] == 6
+    tel.close()
