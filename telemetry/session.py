@@ -46,7 +46,12 @@ class Telemetry:
                                use_nvml=bool(self.device and self.device.startswith("cuda")))
         self.sampler.start()
         self._observer = self._observe      # one bound method: the engine removes observers by identity
-        engine.add_observer(self._observer)
+        try:
+            engine.add_observer(self._observer)
+        except Exception:
+            self.sampler.close()
+            self.hub.close()
+            raise
 
     # ---- the engine thread ---------------------------------------------------------------------------------
     def _observe(self, event) -> None:
