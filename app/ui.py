@@ -322,7 +322,7 @@ def build_ui(state) -> gr.Blocks:
                         with gr.Row():
                             rate = gr.Number(8.0, label="rate (requests/s)", minimum=0.01, visible=False,
                                              elem_id="bs-rate", interactive=live)
-                            burstiness = gr.Number(1.0, label="burstiness (1 = Poisson, >1 burstier)",
+                            burstiness = gr.Number(0.5, label="burstiness (gamma shape: 1 = Poisson, <1 burstier)",
                                                    minimum=0.01, visible=False, elem_id="bs-burstiness",
                                                    interactive=live)
                         ignore_eos_b = gr.Checkbox(True, label="ignore EOS (exact output lengths)",

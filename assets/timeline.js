@@ -408,7 +408,7 @@
         <span id="bs-replay-text"></span>
         <button id="bs-back-live" class="bs-btn">back to live</button>
       </div>
-      <div id="bs-gantt" class="bs-plot bs-gantt"></div>
+      <div class="bs-gantt-wrap"><canvas id="bs-gantt-canvas"></canvas><div id="bs-gantt" class="bs-plot bs-gantt"></div></div>
       <div id="bs-legend" class="bs-legend"></div>
       <div class="bs-grid">
         <div id="bs-c-busy" class="bs-plot bs-chart"></div>
@@ -421,7 +421,7 @@
 
     $("bs-pause").onclick = () => {
       if (view.follow && view.source === "live") {
-        view.range = currentRange(currentData());
+        view.range = shownRange || currentRange(currentData());   // freeze what is on screen, no jump
         view.follow = false;
       } else if (view.source === "live") {
         view.follow = true; view.range = null;
@@ -679,14 +679,36 @@
     return out;
   }
 
-  // One trace of bars from y0 to y1 (lane units), spans null-separated. Drawn as thick lines with butt caps:
-  // one SVG path per trace, about twice as fast to draw as filled polygons. lanePx: pixels per lane unit.
-  let lanePx = 26;
+  // One row of bars from y0 to y1 (lane units); painted on the canvas by paintBars.
   function rects(spans, y0, y1, color, name) {
-    const x = [], y = [], mid = (y0 + y1) / 2;
-    for (const [a, b] of spans) { x.push(a / 1e6, b / 1e6, null); y.push(mid, mid, null); }
-    return { type: "scatter", mode: "lines", x, y, line: { width: Math.max(1, (y1 - y0) * lanePx), color },
-             hoverinfo: "skip", name, showlegend: false, meta: "lane" };
+    return { spans, y0, y1, color, name };
+  }
+
+  // The Gantt's bars are painted on a canvas under Plotly's (transparent) SVG: Plotly keeps the axes, lane
+  // labels, switch markers, hover and zoom, while the canvas fills thousands of spans in a few milliseconds,
+  // where the same spans as SVG paths took a hundred or more (and starved the engine on a small machine).
+  function paintBars(bars, lo, hi) {
+    const cv = $("bs-gantt-canvas"), el = $("bs-gantt");
+    const m = GANTT_MARGIN;
+    const w = Math.max(10, el.clientWidth - m.l - m.r), h = GANTT_HEIGHT - m.t - m.b;
+    const dpr = window.devicePixelRatio || 1;
+    if (cv.width !== Math.round(w * dpr) || cv.height !== Math.round(h * dpr)) {
+      cv.width = Math.round(w * dpr); cv.height = Math.round(h * dpr);
+      Object.assign(cv.style, { left: m.l + "px", top: m.t + "px", width: w + "px", height: h + "px" });
+    }
+    const ctx = cv.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, w, h);
+    const lane = h / LANES.length, sx = w / (hi - lo);
+    for (const b of bars) {
+      ctx.fillStyle = b.color;
+      const top = (b.y0 + 0.5) * lane, height = (b.y1 - b.y0) * lane;   // y axis runs top-down from -0.5
+      for (const [a, e] of b.spans) {
+        const x0 = (a - lo) * sx, x1 = (e - lo) * sx;
+        if (x1 < 0 || x0 > w) continue;
+        ctx.fillRect(x0, top, Math.max(1, x1 - x0), height);
+      }
+    }
   }
 
   function modeShapes(d, lo, hi, withLabels, usPerPx) {
@@ -739,9 +761,10 @@
   function renderGantt(d, steps, lo, hi) {
     const el = $("bs-gantt");
     const width = Math.max(200, (el.clientWidth || 900) - 120);
-    lanePx = (GANTT_HEIGHT - GANTT_MARGIN.t - GANTT_MARGIN.b) / LANES.length;
     const px = (hi - lo) / width;                    // µs per pixel
-    const traces = [];
+    const traces = [];                               // Plotly: hover targets only
+    // the bars, back to front; a light band groups the GPU lanes
+    const bars = [rects([[lo, hi]], LANE_Y.h2d - 0.5, LANE_Y.idle + 0.5, "#f8fafc", "band")];
     const lanes = {};
     for (const k of HOST.concat(GPU)) lanes[k] = [];
     const hostCompute = [];                          // CPU runs: the host span that did the forward
@@ -762,20 +785,20 @@
     const allGaps = [];
     // (gaps while the engine simply had no work are not the host's fault: they stay grey and unhighlighted)
     for (const c in gaps) if (!NO_WORK.has(c)) for (const g of gaps[c]) if (g[1] - g[0] > 2 * px) allGaps.push(g.slice());
-    if (allGaps.length) traces.push(rects(merged(allGaps, px), LANE_Y.h2d - 0.5, LANE_Y.d2h + 0.5, "rgba(239,68,68,0.13)", "gap"));
+    if (allGaps.length) bars.push(rects(merged(allGaps, px), LANE_Y.h2d - 0.5, LANE_Y.d2h + 0.5, "rgba(239,68,68,0.13)", "gap"));
     for (const k of HOST.concat(GPU)) {
       const y = LANE_Y[k];
-      if (lanes[k].length) traces.push(rects(merged(lanes[k], px), y - h, y + h, COLOR[k], k));
+      if (lanes[k].length) bars.push(rects(merged(lanes[k], px), y - h, y + h, COLOR[k], k));
     }
     if (hostCompute.length) {
-      traces.push(rects(merged(hostCompute, px), LANE_Y.compute - h, LANE_Y.compute + h, "rgba(22,163,74,0.45)", "compute (host)"));
+      bars.push(rects(merged(hostCompute, px), LANE_Y.compute - h, LANE_Y.compute + h, "rgba(22,163,74,0.45)", "compute (host)"));
     }
     for (const r of modeRuns(steps)) {
-      traces.push(rects([[Math.max(r.lo, lo), Math.min(r.hi, hi)]], LANE_Y.mode - h, LANE_Y.mode + h,
+      bars.push(rects([[Math.max(r.lo, lo), Math.min(r.hi, hi)]], LANE_Y.mode - h, LANE_Y.mode + h,
                         COLOR[r.mode] || "#64748b", r.mode));
     }
     const causes = Object.keys(gaps).sort();
-    for (const c of causes) traces.push(rects(merged(gaps[c], px), LANE_Y.idle - h, LANE_Y.idle + h, causeColor(c), "idle: " + c));
+    for (const c of causes) bars.push(rects(merged(gaps[c], px), LANE_Y.idle - h, LANE_Y.idle + h, causeColor(c), "idle: " + c));
     setCauseLegend(causes);
 
     // Hover targets (invisible markers at span centres): only when few enough to stay cheap.
@@ -806,9 +829,6 @@
 
     const ms = modeShapes(d, lo, hi, true, px);
     const shapes = [
-      // a light band behind the GPU lanes groups them visually
-      { type: "rect", xref: "paper", yref: "y", x0: 0, x1: 1, y0: LANE_Y.h2d - 0.5, y1: LANE_Y.idle + 0.5,
-        fillcolor: "#f8fafc", line: { width: 0 }, layer: "below" },
       { type: "line", xref: "paper", yref: "y", x0: 0, x1: 1, y0: LANE_Y.schedule - 0.5, y1: LANE_Y.schedule - 0.5,
         line: { color: "#e2e8f0", width: 1 } },
       { type: "line", xref: "paper", yref: "y", x0: 0, x1: 1, y0: LANE_Y.h2d - 0.5, y1: LANE_Y.h2d - 0.5,
@@ -826,14 +846,19 @@
     }
     const layout = baseLayout(lo, hi, {
       height: GANTT_HEIGHT, margin: GANTT_MARGIN, showlegend: false, hovermode: "closest",
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",   // the canvas shows through
+      xaxis: { range: [lo / 1e6, hi / 1e6], showgrid: false, zeroline: false, ticksuffix: " s", tickfont: { size: 10 } },
       yaxis: { range: [LANES.length - 0.5, -0.5], tickvals: LANES.map((_, i) => i), ticktext: LANES.map(l => l.label),
                fixedrange: true, showgrid: false, zeroline: false, tickfont: { size: 10.5 } },
       shapes, annotations, dragmode: "zoom",
     });
     draw(el, traces, layout);
-    let spanCount = 0;
-    for (const t of traces) if (t.meta === "lane") spanCount += t.x.length / 3;
-    el.dataset.spans = String(Math.round(spanCount));
+    paintBars(bars, lo, hi);
+    // what was painted, for tests and curious readers: spans per row
+    const painted = {};
+    for (const b of bars) if (b.name !== "band") painted[b.name] = (painted[b.name] || 0) + b.spans.length;
+    el.dataset.lanes = JSON.stringify(painted);
+    el.dataset.spans = String(Object.values(painted).reduce((a, n) => a + n, 0));
     el.dataset.markers = String(ms.shapes.length);
   }
 
@@ -848,8 +873,11 @@
   // ---------------------------------------------------------------- small charts
 
   // Fixed-width bins across [lo, hi]; the trailing partial bin of a live window is dropped (it would dip).
-  function makeBins(lo, hi, dataEnd, n) {
-    const w = Math.max((hi - lo) / n, 500);
+  // A bin spans at least four step intervals, or a busy % made of whole and empty bins would saw up and down.
+  function makeBins(lo, hi, dataEnd, n, steps) {
+    const k = steps.length;
+    const interval = k > 1 ? (steps[k - 1]._c - steps[0]._c) / (k - 1) : 0;
+    const w = Math.max((hi - lo) / n, 4 * interval, 500);
     const count = Math.max(1, Math.floor((Math.min(hi, dataEnd) - lo) / w));
     return { lo, w, count, mid: i => (lo + (i + 0.5) * w) / 1e6 };
   }
@@ -889,7 +917,7 @@
 
   function renderCharts(d, steps, lo, hi) {
     const dataEnd = view.source === "live" ? Math.min(hi, store.lastT) : hi;
-    const bins = makeBins(lo, hi, dataEnd, 100);
+    const bins = makeBins(lo, hi, dataEnd, 100, steps);
     const runs = modeRuns(steps);
     const bands = bandShapes(runs);
     const marks = modeShapes(d, lo, hi, false).shapes;
@@ -999,9 +1027,11 @@
     }
   }
 
+  let shownRange = null;                    // the [lo, hi] of the last picture drawn
   function render() {
     const d = currentData();
     const [lo, hi] = currentRange(d);
+    shownRange = [lo, hi];
     const steps = stepsIn(d.steps, lo, hi);
     renderGantt(d, steps, lo, hi);
     renderCharts(d, steps, lo, hi);
@@ -1067,6 +1097,7 @@
     setInterval(pollStatus, 3000);
     setInterval(refreshRecordings, 10000);
     document.addEventListener("visibilitychange", () => { dirty = true; });
+    window.addEventListener("resize", () => { dirty = true; });     // the canvas follows Plotly's new size
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();

@@ -159,7 +159,7 @@ def test_live_page_story(server, browser, tmp_path):
     page.wait_for_function(f"+document.getElementById('bs-scope').dataset.steps >= {before + 20}", timeout=T)
     assert int(page.get_attribute("#bs-gantt", "data-spans")) > 20
     # the Gantt has host lanes and the (host-measured) compute lane filled; the charts carry non-zero data
-    names = page.evaluate("document.getElementById('bs-gantt').data.filter(t => t.meta === 'lane' && t.x.length).map(t => t.name)")
+    names = json.loads(page.get_attribute("#bs-gantt", "data-lanes"))   # spans painted per row
     for lane in ("schedule", "fill", "launch", "update", "sync"):
         assert lane in names, names
     assert "compute (host)" in names or "compute" in names, names
@@ -298,12 +298,21 @@ def test_replay_only_server(browser, tmp_path):
         assert page.is_disabled("#bs-generate")
         assert page.is_disabled("#bs-prompt textarea")
         # the GPU stream lanes, the idle gaps (highlighted and split by cause) and both switches are drawn
-        names = page.evaluate(
-            "document.getElementById('bs-gantt').data.filter(t => t.meta === 'lane' && t.x.length).map(t => t.name)")
+        names = json.loads(page.get_attribute("#bs-gantt", "data-lanes"))
         for lane in ("h2d", "compute", "d2h", "gap", "sync", "async"):
             assert lane in names, names
         assert any(n.startswith("idle: ") for n in names), names
         assert int(page.get_attribute("#bs-gantt", "data-markers")) == 2
+        # and really painted: most of the compute lane's middle row is compute green
+        green = page.evaluate("""() => {
+            const c = document.getElementById('bs-gantt-canvas'), lanes = 10, compute = 7;
+            const y = Math.round((compute + 0.5) * c.height / lanes);
+            const d = c.getContext('2d').getImageData(0, y, c.width, 1).data;
+            let n = 0;
+            for (let i = 0; i < d.length; i += 4) if (d[i + 3] && d[i + 1] > d[i] + 60 && d[i + 1] > d[i + 2] + 60) n++;
+            return n / c.width;
+        }""")
+        assert green > 0.5, green
         busy = page.evaluate("document.getElementById('bs-c-busy').data.find(t => t.name === 'event busy %').y")
         assert 0 < max(busy) <= 100
         page.screenshot(path=str(tmp_path / "replay.png"), full_page=True)
