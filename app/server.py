@@ -698,6 +698,10 @@ def create_app(state: AppState, token: str | None = None, ui: bool = True, close
     for router in (control, load, timelines, openai_api, live):
         app.include_router(router)
 
+    @app.get("/health", include_in_schema=False)
+    def bare_health() -> dict:
+        return state.health()           # where vLLM-style clients and load balancers look
+
     plotly_js = plotly_js_path()
 
     @app.get("/static/plotly.min.js", include_in_schema=False)

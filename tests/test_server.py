@@ -72,6 +72,7 @@ def recorded(client):
 def test_health_names_model_device_mode(client):
     assert client.get("/api/health").json() == {"status": "ok", "model": "tiny-random", "device": "cpu",
                                                 "mode": "async", "replay_only": False}
+    assert client.get("/health").json()["status"] == "ok"
 
 
 def test_status_reports_queue_kv_and_why_nvml_is_absent(client):
