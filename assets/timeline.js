@@ -801,30 +801,24 @@
     for (const c of causes) bars.push(rects(merged(gaps[c], px), LANE_Y.idle - h, LANE_Y.idle + h, causeColor(c), "idle: " + c));
     setCauseLegend(causes);
 
-    // Hover targets (invisible markers at span centres): only when few enough to stay cheap.
-    if (steps.length <= 600) {
-      const hx = [], hy = [], ht = [];
+    // Hover: one invisible marker per step (an SVG node each, so one per step, not per span) whose label
+    // lists the step's spans; hovermode "x" picks the step nearest the cursor, whichever lane it points at.
+    if (steps.length <= 3000) {
+      const ms_ = v => v ? ((v[1] - v[0]) / 1000).toFixed(3) : null;
+      const hx = [], ht = [];
       for (const s of steps) {
-        for (const k of HOST) {
-          const v = span(s, "cpu", k);
-          if (v) { hx.push((v[0] + v[1]) / 2e6); hy.push(LANE_Y[k]); ht.push(`step ${s.step} · ${k} ${((v[1] - v[0]) / 1000).toFixed(3)} ms`); }
-        }
-        for (const k of GPU) {
-          const v = span(s, "gpu", k);
-          if (v) { hx.push((v[0] + v[1]) / 2e6); hy.push(LANE_Y[k]); ht.push(`step ${s.step} · ${k} ${((v[1] - v[0]) / 1000).toFixed(3)} ms · ${s.num_requests} req · ${s.prefill_tokens}+${s.decode_tokens} tok`); }
-        }
-        if (s._hostCompute) {
-          hx.push((s._cs[0] + s._cs[1]) / 2e6); hy.push(LANE_Y.compute);
-          ht.push(`step ${s.step} · compute (host) ${((s._cs[1] - s._cs[0]) / 1000).toFixed(3)} ms · ${s.num_requests} req · ${s.prefill_tokens}+${s.decode_tokens} tok`);
-        }
-        if (s.gpu_idle_before_us > 0) {
-          hx.push((s._c - s.gpu_idle_before_us / 2) / 1e6); hy.push(LANE_Y.idle);
-          ht.push(`step ${s.step} · GPU idle ${(s.gpu_idle_before_us / 1000).toFixed(3)} ms · cause: ${s.idle_cause || "?"}`);
-        }
-        hx.push((s._s + s._e) / 2e6); hy.push(LANE_Y.mode); ht.push(`step ${s.step} · ${s.mode} · slot ${s.slot}`);
+        const host = HOST.map(k => { const v = ms_(span(s, "cpu", k)); return v === null ? "" : `${k} ${v}`; }).filter(Boolean);
+        const dev = s.gpu ? GPU.map(k => { const v = ms_(span(s, "gpu", k)); return v === null ? "" : `${k} ${v}`; }).filter(Boolean)
+          : (s._hostCompute ? [`compute (host) ${ms_(s._cs)}`] : []);
+        const idle = s.gpu_idle_before_us > 0 ? `<br>GPU idle before: ${(s.gpu_idle_before_us / 1000).toFixed(3)} ms (${s.idle_cause || "?"})` : "";
+        hx.push(s._c / 1e6);
+        ht.push(`<b>step ${s.step}</b> · ${s.mode} · slot ${s.slot} · ${s.num_requests} req · ` +
+                `${s.prefill_tokens} prefill + ${s.decode_tokens} decode tok<br>host ms: ${host.join(", ")}` +
+                (dev.length ? `<br>device ms: ${dev.join(", ")}` : "") + idle);
       }
-      traces.push({ type: "scatter", mode: "markers", x: hx, y: hy, text: ht, hovertemplate: "%{text}<extra></extra>",
-                    marker: { size: 10, opacity: 0 }, showlegend: false, name: "hover" });
+      traces.push({ type: "scatter", mode: "markers", x: hx, y: hx.map(() => LANE_Y.compute), text: ht,
+                    hovertemplate: "%{text}<extra></extra>", marker: { size: 6, opacity: 0 }, showlegend: false,
+                    name: "hover" });
     }
 
     const ms = modeShapes(d, lo, hi, true, px);
@@ -845,7 +839,8 @@
                                  : "no GPU stream events on this device" });
     }
     const layout = baseLayout(lo, hi, {
-      height: GANTT_HEIGHT, margin: GANTT_MARGIN, showlegend: false, hovermode: "closest",
+      height: GANTT_HEIGHT, margin: GANTT_MARGIN, showlegend: false, hovermode: "x",
+      hoverlabel: { align: "left", font: { size: 11 } },
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",   // the canvas shows through
       xaxis: { range: [lo / 1e6, hi / 1e6], showgrid: false, zeroline: false, ticksuffix: " s", tickfont: { size: 10 } },
       yaxis: { range: [LANES.length - 0.5, -0.5], tickvals: LANES.map((_, i) => i), ticktext: LANES.map(l => l.label),
