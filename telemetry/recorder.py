@@ -103,10 +103,11 @@ class Recorder:
             gpu, compute = None, cpu.get("launch")
             basis = "host" if compute else "none"
 
-        new_ids = {a[0] for a in tr.arrivals}
         empty_until = None
-        if tr.arrivals and all(rid in new_ids for rid in tr.request_ids):
-            empty_until = us(min(a[1] for a in tr.arrivals))    # nothing ran before these arrived
+        if tr.arrivals:
+            new_ids = {a[0] for a in tr.arrivals}
+            if all(rid in new_ids for rid in tr.request_ids):
+                empty_until = us(min(a[1] for a in tr.arrivals))    # nothing ran before these arrived
         idle_us, cause, parts = self.idle.attribute(cpu, gpu, compute, empty_until)
 
         if self.last_step is not None and tr.step <= self.last_step:
