@@ -59,12 +59,11 @@
   let root = null;                          // #bs-scope
   let live = true;                          // false on a replay-only server (no engine)
   let ws = null, wsBackoff = 500, wsOpen = false;
-  let lastMsgAt = 0;
   let dirty = true, renderCost = 20, renders = 0, dropped = 0;
   let mode = null;
 
   function emptyStore() {
-    return { steps: [], nvml: [], requests: new Map(), mode_changes: [], meta: {}, lastStep: -1,
+    return { steps: [], nvml: [], mode_changes: [], meta: {}, lastStep: -1,
              lastT: 0, lastTAt: 0 };
   }
 
@@ -234,10 +233,6 @@
       store.steps.splice(0, i);
     }
     if (store.nvml.length > 20000) store.nvml.splice(0, store.nvml.length - 15000);
-    if (store.requests.size > 5000) {
-      const keys = Array.from(store.requests.keys()).slice(0, store.requests.size - 4000);
-      for (const k of keys) store.requests.delete(k);
-    }
   }
 
   // ---------------------------------------------------------------- websocket
@@ -251,7 +246,6 @@
     ws.onmessage = ev => {
       let m;
       try { m = JSON.parse(ev.data); } catch (e) { return; }
-      lastMsgAt = performance.now();
       handle(m);
     };
     ws.onclose = () => {
@@ -274,7 +268,6 @@
         addSteps(recent.steps);
         addNvml(recent.nvml || recent.samples);
         for (const c of recent.mode_changes || []) addModeChange(c);
-        for (const r of recent.requests || []) if (r && r.id !== undefined) store.requests.set(r.id, r);
         if (typeof m.t_us === "number") seen(m.t_us);
         showStatus(Object.assign({}, m.status || {}, m));
         if (m.mode) setMode(m.mode);
@@ -282,9 +275,7 @@
       }
       case "steps": addSteps(m.steps); break;
       case "nvml": addNvml(m.samples || m.nvml); break;
-      case "requests":
-        for (const r of m.requests || []) if (r && r.id !== undefined) store.requests.set(r.id, r);
-        break;
+      case "requests": break;             // per-request latencies: the burst tables and the downloads have them
       case "mode":
         addModeChange(m);
         if (typeof m.t_us === "number") seen(m.t_us);
