@@ -35,7 +35,7 @@ class TokenDelta:
     error: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # identity equality: list membership and removal must not compare token lists
 class Request:
     id: str
     prompt_ids: list[int]
