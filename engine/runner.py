@@ -33,11 +33,17 @@ class SlotEvents:
         for name in EVENT_NAMES:
             setattr(self, name, torch.cuda.Event(enable_timing=True))
         self.anchor = torch.cuda.Event(enable_timing=True)
+        # Recorded by the decode graphs themselves, around their first and last kernel: the device needs time
+        # to start a graph of ~1000 kernels, and that delay is GPU idle time, not compute.
+        self.graph_start = torch.cuda.Event(enable_timing=True, external=True)
+        self.graph_end = torch.cuda.Event(enable_timing=True, external=True)
         self.used = False          # whether this slot has been launched at least once
+        self.last_in_graph = False  # whether the last step on this slot recorded graph_start/graph_end
 
     def spans(self) -> dict:
-        return {"h2d": (self.h2d_start, self.h2d_end), "compute": (self.compute_start, self.compute_end),
-                "d2h": (self.d2h_start, self.d2h_end)}
+        compute = ((self.graph_start, self.graph_end) if self.last_in_graph
+                   else (self.compute_start, self.compute_end))
+        return {"h2d": (self.h2d_start, self.h2d_end), "compute": compute, "d2h": (self.d2h_start, self.d2h_end)}
 
 
 @dataclass
@@ -74,6 +80,7 @@ class ModelRunner:
         self.use_graphs = cuda_graphs and self.cuda and kernel == "triton"
         self.buckets = graph_buckets(min(max_seqs, max_tokens))
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self.timed_graphs: set[tuple[int, int, int]] = set()   # graphs that record their own compute events
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
     # -- prepare ------------------------------------------------------------------------------------------------
@@ -131,6 +138,7 @@ class ModelRunner:
             if ev.used:
                 self.compute_stream.wait_event(ev.d2h_end)   # out_tokens of this slot already copied out
             ev.compute_start.record()
+            ev.last_in_graph = False
             self._compute(batch, prev_out)
             ev.compute_end.record()
         with torch.cuda.stream(self.d2h_stream):
@@ -149,17 +157,27 @@ class ModelRunner:
         key = (batch.slot.index, batch.graph_bucket, 2 if batch.any_filter else int(batch.any_random))
         graph = self.graphs.get(key) or self._capture(key, batch)
         graph.replay()
+        self.events[batch.slot.index].last_in_graph = key in self.timed_graphs
 
     def _capture(self, key: tuple[int, int, int], batch: Batch) -> torch.cuda.CUDAGraph:
         """Record one decode graph. The batch's views sit at the bucket's fixed offsets; the carry source is
         always the other slot's output (consecutive steps alternate slots). Called on the compute stream."""
         other = self.slots[1 - batch.slot.index].out_tokens
+        ev = self.events[batch.slot.index]
         # warm-up outside the graph (kernel compilation, library handles), then capture
         self._forward(batch, other)
-        graph = torch.cuda.CUDAGraph()
         self.compute_stream.synchronize()
-        with torch.cuda.graph(graph, pool=self.graph_pool, stream=self.compute_stream):
-            self._forward(batch, other)
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.graph_pool, stream=self.compute_stream):
+                ev.graph_start.record()
+                self._forward(batch, other)
+                ev.graph_end.record()
+            self.timed_graphs.add(key)
+        except RuntimeError:    # a driver without timing event nodes in graphs: time the launch instead
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.graph_pool, stream=self.compute_stream):
+                self._forward(batch, other)
         self.graphs[key] = graph
         return graph
 
