@@ -373,6 +373,7 @@ class BurstManager:
     def _run_ab_thread(self, ab: ABRun) -> None:
         original = self.engine.mode
         try:
+            self._warm_up()
             for mode in ("sync", "async"):
                 ab.phase = mode
                 self.engine.set_mode(mode)
@@ -395,6 +396,19 @@ class BurstManager:
                 self.engine.set_mode(original)
             except Exception:
                 pass
+
+    def _warm_up(self) -> None:
+        """A few tokens in each mode first, so the first half of an A/B does not pay for a cold engine."""
+        async def drain(handle):
+            async for _delta in handle.astream():
+                pass
+
+        async def both_modes():
+            for mode in ("sync", "async"):
+                self.engine.set_mode(mode)
+                params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+                await asyncio.gather(*(drain(self.engine.submit([1, 2, 3, 4], params)) for _ in range(2)))
+        asyncio.run(both_modes())
 
     def _run_burst(self, burst: Burst) -> None:
         plan = plan_burst(burst.spec, self.vocab_size)

@@ -3,7 +3,7 @@
     /api/...            JSON routes (health, mode, generate, bursts, A/B, timelines, recordings, replay)
     /v1/...             OpenAI-compatible completions and chat completions (SSE when stream is true)
     /ws/telemetry       live steps, NVML samples, requests, mode changes and stats
-    /static/...         assets/ and plotly.min.js from the installed plotly package (no network at page load)
+    /batchscope-static/ assets/ and plotly.min.js from the installed plotly package (no network at page load)
     /                   the Gradio UI, mounted last so that it never shadows the routes above
 
 Every 4xx carries a JSON reason: {"error": "..."} on /api, OpenAI's {"error": {"message": ...}} on /v1.
@@ -704,11 +704,11 @@ def create_app(state: AppState, token: str | None = None, ui: bool = True, close
 
     plotly_js = plotly_js_path()
 
-    @app.get("/static/plotly.min.js", include_in_schema=False)
+    @app.get("/batchscope-static/plotly.min.js", include_in_schema=False)
     def plotly_bundle():
         return FileResponse(plotly_js, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
 
-    app.mount("/static", StaticFiles(directory=ASSETS_DIR, check_dir=False), name="static")
+    app.mount("/batchscope-static", StaticFiles(directory=ASSETS_DIR, check_dir=False), name="batchscope-static")
 
     if ui:
         mount_ui(app, state)

@@ -57,7 +57,8 @@ class AppState:
 
         engine = Engine(config)
         try:
-            telemetry = Telemetry(engine, nvml_hz=nvml_hz)
+            # ten seconds of history in the hello message: a new viewer fills its default window at once
+            telemetry = Telemetry(engine, nvml_hz=nvml_hz, recent_s=10.0)
         except Exception:
             engine.close()
             raise

@@ -22,12 +22,12 @@ import gradio as gr  # noqa: E402  (the environment variable must be set before 
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
-# Served by the app: assets/ at /static/, plotly.js from the plotly package. Nothing comes from outside.
-HEAD = ('<script src="/static/plotly.min.js"></script>\n'
-        '<script src="/static/timeline.js"></script>')
+# Served by the app: assets/ at /batchscope-static/ (Gradio keeps /static and /assets for itself), plotly.js from the plotly package. Nothing comes from outside.
+HEAD = ('<script src="/batchscope-static/plotly.min.js"></script>\n'
+        '<script src="/batchscope-static/timeline.js"></script>')
 CSS = (ASSETS / "style.css").read_text(encoding="utf-8") if (ASSETS / "style.css").exists() else ""
 
-# System fonts only: Gradio's default theme would load its fonts from /static/fonts, a path the app gives to assets/.
+# System fonts only: a page that loads no font files starts faster and never reaches outside.
 # Small spacing and text: a dashboard, dense enough that the controls and results fit beside the charts.
 THEME = gr.themes.Default(primary_hue="blue", neutral_hue="slate", spacing_size="sm", text_size="sm", radius_size="sm",
                           font=["Inter", "ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"],

@@ -6,7 +6,7 @@
  *   {steps: [...], nvml: [...], requests: [...], mode_changes: [...], meta: {...}}
  * Times are microseconds since the recording start; the x axes show seconds.
  *
- * Plain script, no build step. Plotly is served by the app at /static/plotly.min.js.
+ * Plain script, no build step. Plotly is served by the app at /batchscope-static/plotly.min.js.
  */
 (function () {
   "use strict";

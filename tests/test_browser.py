@@ -102,8 +102,8 @@ def post(url: str, path: str, body: dict) -> dict:
 def test_live_page_story(server, browser, tmp_path):
     w = Watched(browser, tmp_path)
     page = w.open(server.url + "/")
-    # the page loaded only from this server, and our scripts came back 200
-    assert not [f for f in w.failed if "/static/timeline.js" in f or "/static/plotly.min.js" in f], w.failed
+    # the page loaded only from this server, and nothing it asked for failed (our scripts, Gradio's own files)
+    assert not w.failed, w.failed
     page.wait_for_selector("#bs-conn[data-state='live']", timeout=T)
     assert page.text_content("#bs-model") == "tiny-random"
     assert page.text_content("#bs-device") == "cpu"

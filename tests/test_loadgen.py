@@ -233,9 +233,12 @@ def test_ab_runs_same_burst_sync_then_async_and_restores_mode():
     ab = mgr.start_ab({"num_requests": 5, "prompt_tokens": [3, 8], "max_new_tokens": [2, 4], "seed": 9})
     d = wait_state(lambda: mgr.ab(ab))
     assert d["state"] == "done", d
-    assert eng.modes == ["sync", "async", "async"] and eng.mode == "async"
-    sync = [(p, s.max_new_tokens, s.seed) for m, p, s in eng.submitted if m == "sync"]
-    asyn = [(p, s.max_new_tokens, s.seed) for m, p, s in eng.submitted if m == "async"]
+    # a short warm-up in each mode, then sync, then async, then the mode it found
+    assert eng.modes == ["sync", "async", "sync", "async", "async"] and eng.mode == "async"
+    warm, measured = eng.submitted[:4], eng.submitted[4:]
+    assert [m for m, _p, _s in warm] == ["sync", "sync", "async", "async"]
+    sync = [(p, s.max_new_tokens, s.seed) for m, p, s in measured if m == "sync"]
+    asyn = [(p, s.max_new_tokens, s.seed) for m, p, s in measured if m == "async"]
     assert len(sync) == 5 and sorted(sync) == sorted(asyn)
     assert d["sync"]["completed"] == d["async"]["completed"] == 5
     assert d["sync"]["busy_pct"] == 42.0

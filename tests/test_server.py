@@ -352,7 +352,7 @@ def test_a_client_that_hangs_up_cancels_its_request(long_limits, path, body):
 # ---------------------------------------------------------------------------------------------- static files
 
 def test_plotly_is_served_locally(client):
-    r = client.get("/static/plotly.min.js")
+    r = client.get("/batchscope-static/plotly.min.js")
     assert r.status_code == 200 and "javascript" in r.headers["content-type"]
     assert b"plotly" in r.content[:2000].lower() and len(r.content) > 1_000_000
 
@@ -415,7 +415,7 @@ def guarded(recorded):
 
 def test_token_guards_every_route(guarded):
     with httpx.Client(base_url=guarded.url) as c:
-        for path in ("/api/health", "/api/timeline.json", "/static/plotly.min.js", "/", "/v1/models"):
+        for path in ("/api/health", "/api/timeline.json", "/batchscope-static/plotly.min.js", "/", "/v1/models"):
             r = c.get(path)
             assert r.status_code == 401, path
         assert "token" in r.json()["error"]["message"]           # /v1 answers in OpenAI's shape
@@ -467,9 +467,9 @@ def test_ui_is_mounted_at_root_without_shadowing_the_api(recorded):
     with ServerThread(create_app(state, ui=True)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
         page = c.get("/")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
-        assert "/static/plotly.min.js" in page.text                  # the page loads plotly from us, not a CDN
+        assert "/batchscope-static/plotly.min.js" in page.text                  # the page loads plotly from us, not a CDN
         assert c.get("/api/health").json()["replay_only"] is True
-        assert c.get("/static/plotly.min.js").status_code == 200
+        assert c.get("/batchscope-static/plotly.min.js").status_code == 200
 
 
 def test_bench_dispatches_with_its_own_finer_options(monkeypatch):
