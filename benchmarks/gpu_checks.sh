@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One pass over everything that needs a CUDA device: the gpu-marked tests, the attention kernel check and
+# timings, and the engine benchmark against transformers. Logs and JSON land in $OUT (default ./out).
+# Usage: benchmarks/gpu_checks.sh [tests|kernels|bench-a|bench-b|bench-c|telemetry|all]...
+set -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+what=${*:-all}
+has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+if has tests; then
+  python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py tests/test_attention_triton.py \
+    tests/test_engine_correctness.py tests/test_engine_serving.py -rs 2>&1 | tee "$OUT/gpu_tests.log"
+fi
+if has kernels; then
+  python3 benchmarks/attention_kernels.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
+fi
+BENCH="python3 -m app.bench --model llama3-8b-random --device cuda --requests 32 --prompt-tokens 256"
+if has bench-a; then   # (a) the issue's workload, side by side with transformers' continuous batching
+  $BENCH --new-tokens 512 --modes sync,async --baseline transformers --out "$OUT/bench_a.json" --no-progress \
+    2>&1 | tee "$OUT/bench_a.log"
+fi
+if has telemetry; then  # event spans vs torch.profiler, idle gaps per mode, NVML beside event busy %
+  python3 benchmarks/telemetry_gpu_check.py 2>&1 | tee "$OUT/telemetry_check.log"
+fi
+if has bench-b; then   # (b) the seed workload: 8192 new tokens per request
+  $BENCH --new-tokens 8192 --modes sync,async --out "$OUT/bench_b.json" --no-progress 2>&1 | tee "$OUT/bench_b.log"
+fi
+if has bench-c; then   # (c) telemetry on vs off, alternating
+  $BENCH --new-tokens 512 --modes async --repeats 3 --out "$OUT/bench_c_on.json" --no-progress 2>&1 | tee "$OUT/bench_c.log"
+  $BENCH --new-tokens 512 --modes async --repeats 3 --no-telemetry --out "$OUT/bench_c_off.json" --no-progress \
+    2>&1 | tee -a "$OUT/bench_c.log"
+fi
