@@ -36,8 +36,8 @@ class Recording:
         self.requests: list = []
         self.nvml: list = []
         self.mode_changes: list = []
-        self.caps = {"steps": max_steps, "requests": max_requests, "nvml": max_nvml}
-        self.dropped = {"steps": 0, "requests": 0, "nvml": 0}
+        self.caps = {"steps": max_steps, "requests": max_requests, "nvml": max_nvml, "mode_changes": max_steps}
+        self.dropped = {"steps": 0, "requests": 0, "nvml": 0, "mode_changes": 0}
         self.summary: dict | None = None
 
     def add(self, kind: str, rec: dict) -> None:

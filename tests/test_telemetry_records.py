@@ -137,6 +137,23 @@ def test_mode_changes_are_recorded_at_the_step_they_take_effect():
     tel.close()
 
 
+def test_a_named_recording_keeps_its_mode_changes_and_viewers_still_hear_them():
+    eng = SyntheticEngine(gpu=True, mode="sync", seed=2)
+    tel = Telemetry(eng, nvml_hz=0)
+    heard = []
+    tel.recorder.publish = lambda kind, rec, _orig=tel.recorder.publish: (heard.append(kind), _orig(kind, rec))
+    tel.start_recording("switches")
+    eng.submit(4, prompt_tokens=16, max_new_tokens=6)
+    eng.run(max_steps=3)
+    eng.set_mode("async")
+    eng.run()
+    tel.stop_recording()
+    changes = tel.timeline("switches")["mode_changes"]
+    assert [(c["from"], c["to"]) for c in changes] == [("sync", "async")]
+    assert "mode" in heard
+    tel.close()
+
+
 def test_events_are_read_inside_the_callback():
     """The synthetic engine invalidates a step's events right after its trace is delivered (the engine re-records
     them two steps later): reading them late would fail and drop the GPU spans."""
