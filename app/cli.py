@@ -14,10 +14,7 @@ DEFAULT_PORT = 7860
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "bench":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.extra = extra                  # bench's finer options (--repeats, --num-blocks, ...) go to its own parser
+    args = parser.parse_args(argv)
     return args.func(args)
 
 
@@ -45,19 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     _server_args(r)
     r.set_defaults(func=cmd_replay)
 
+    from . import bench               # its options are defined once, in app/bench.py
+
     b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload",
-                       epilog="More options (--repeats, --num-blocks, --max-batch-tokens, --no-telemetry, ...): "
-                              "python -m app.bench --help")
-    b.add_argument("--model", default="smollm2-135m")
-    b.add_argument("--requests", type=_positive_int, default=32)
-    b.add_argument("--prompt-tokens", type=_positive_int, default=256)
-    b.add_argument("--new-tokens", type=_positive_int, default=512)
-    b.add_argument("--modes", type=_modes, default=["sync", "async"], help="comma-separated, e.g. sync,async")
-    b.add_argument("--baseline", default=None, choices=["none", "transformers"],
-                   help="also time transformers' own continuous batching")
-    b.add_argument("--out", default="bench.json", help="where the results go (JSON)")
-    b.add_argument("--device", default="auto")
-    b.add_argument("--dtype", default="auto", choices=DTYPES)
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    bench.add_arguments(b)
     b.set_defaults(func=cmd_bench)
     return p
 
@@ -91,14 +80,6 @@ def _positive_int(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
     return v
-
-
-def _modes(text: str) -> list[str]:
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise argparse.ArgumentTypeError(f"modes are a comma-separated subset of {','.join(MODES)}, got {text!r}")
-    return modes
 
 
 def _say(msg: str) -> None:
@@ -153,12 +134,8 @@ def cmd_replay(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import bench                 # heavy and optional: only `bench` needs it
+    from . import bench
 
-    if args.extra:
-        bench.build_parser().parse_args(args.extra, namespace=args)   # fills only what is not set yet
-    if args.baseline == "none":
-        args.baseline = None
     return bench.main(args) or 0
 
 
