@@ -26,6 +26,7 @@ class EngineConfig:
     seed: int = 0
     attention: str = "auto"         # "auto" | "torch" | "triton"
     cuda_graphs: bool = True        # decode steps replay CUDA graphs where the attention path allows it
+    fused_kernels: bool = True      # on CUDA with Triton: fused RMSNorm and rotary kernels in place of eager ops
 
     def validate(self) -> "EngineConfig":
         if self.mode not in MODES:

@@ -45,6 +45,10 @@ class Engine:
         if kernel == "auto":
             kernel = "triton" if self.device.type == "cuda" and _triton_available() else "torch"
         self.kernel = kernel
+        self.fused = []
+        if config.fused_kernels and kernel == "triton":
+            from .fused import install_fused_kernels    # lazy: Triton kernels compile only where they run
+            self.fused = install_fused_kernels(self.model)
         max_blocks = -(-self.max_model_len // config.block_size)
         self.allocator = BlockAllocator(num_blocks)
         scheduler = Scheduler(self.allocator, config.block_size, config.max_batch_tokens, config.max_running,
@@ -204,7 +208,7 @@ class Engine:
             "block_size": self.config.block_size, "num_blocks": num_blocks,
             "max_batch_tokens": self.config.max_batch_tokens, "max_running": self.config.max_running,
             "max_model_len": self.max_model_len, "attention": self.kernel,
-            "cuda_graphs": self._core.runner.use_graphs,
+            "cuda_graphs": self._core.runner.use_graphs, "fused_kernels": len(self.fused),
         }
 
 
