@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One pass over everything that needs a CUDA device: the gpu-marked tests, the attention kernel check and
 # timings, and the engine benchmark against transformers. Logs and JSON land in $OUT (default ./out).
-# Usage: benchmarks/gpu_checks.sh [tests|kernels|bench-a|bench-b|bench-c|telemetry|all]...
+# Usage: benchmarks/gpu_checks.sh [tests|kernels|fused|demo|bench-a|bench-b|bench-c|telemetry|all]...
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -12,11 +12,17 @@ has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 if has tests; then
-  python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py tests/test_attention_triton.py \
-    tests/test_engine_correctness.py tests/test_engine_serving.py -rs 2>&1 | tee "$OUT/gpu_tests.log"
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_gpu.py tests/test_attention_triton.py \
+    tests/test_fused.py -rs 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 if has kernels; then
   python3 benchmarks/attention_kernels.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
+fi
+if has fused; then
+  python3 benchmarks/fused_kernels.py --out "$OUT/fused.json" 2>&1 | tee "$OUT/fused.log"
+fi
+if has demo; then      # a timeline with live switches, for `batchscope replay` and the README screenshot
+  python3 benchmarks/demo_timeline.py --out "$OUT/demo.timeline.json" 2>&1 | tee "$OUT/demo.log"
 fi
 BENCH="python3 -m app.bench --model llama3-8b-random --device cuda --requests 32 --prompt-tokens 256"
 if has bench-a; then   # (a) the issue's workload, side by side with transformers' continuous batching
