@@ -90,7 +90,12 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head
 # Splits are the fastest grid axis so that the cheap programs of empty splits (short requests) interleave with
 # busy ones instead of queueing up as a tail at the end of the launch.
 # --------------------------------------------------------------------------------------------------------------
-@triton.jit
+# Arguments that change from step to step are not specialised on (== 1, divisible by 16, pointer alignment):
+# otherwise each new combination compiles a new kernel, ~1 s each, in the middle of serving.
+_STEP_VARYING = ["block_tables", "seq_lens", "query_start_loc", "window", "stride_bt"]
+
+
+@triton.jit(do_not_specialize=_STEP_VARYING + ["num_splits", "min_tiles"])
 def _decode_split_kernel(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, part_out, part_lse, out,
         qk_scale, window, num_splits, min_tiles,
@@ -150,7 +155,7 @@ def _decode_split_kernel(
         tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask & has_work)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["query_start_loc", "num_splits"])
 def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, num_splits, stride_ot, stride_oh,
                          NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                          S_PAD: tl.constexpr):
@@ -182,7 +187,7 @@ def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, num_splits, s
 # increasing sequence), so a program finds its request by binary search and its tile by subtraction; spare
 # programs find no rows and exit through empty loops. No host list is needed, and padding is at most B programs.
 # --------------------------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=_STEP_VARYING + ["num_seqs", "search_steps", "stride_qh"])
 def _prefill_kernel(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
         qk_scale, window, num_seqs, search_steps,

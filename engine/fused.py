@@ -84,7 +84,9 @@ def _same_code(fn, reference) -> bool:
 # --------------------------------------------------------------------------------------------------------------
 # RMSNorm
 # --------------------------------------------------------------------------------------------------------------
-@triton.jit
+# The token count changes every step: no specialisation on it (== 1, divisible by 16), so a new batch size never
+# compiles a new kernel in the middle of serving. Strides follow the model's widths and stay specialised.
+@triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(x, w, out, n_rows, n_cols, stride_x, stride_out, eps,
                      BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     # ROWS whole rows per program: a row of up to MAX_ROW elements stays in registers, so x is read once.
@@ -184,7 +186,7 @@ def _rotate_heads(src, dst, cos_row, sin_row, h0, n_heads, stride_sh, stride_dh,
     tl.store(d + HALF, hi.to(ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seq_len"])   # the token count changes every step (see _rms_norm_kernel)
 def _rotary_kernel(q, k, cos, sin, q_out, k_out, seq_len, q_heads, k_heads,
                    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, oq_b, oq_h, oq_t, ok_b, ok_h, ok_t,
                    sc_b, sc_t, ss_b, ss_t,
