@@ -109,10 +109,10 @@ class EngineCore:
         return step
 
     # -- launch -------------------------------------------------------------------------------------------------
-    def launch(self, step: Step, device_idle: bool) -> None:
+    def launch(self, step: Step) -> None:
         t0 = now()
         try:
-            step.launched = self.runner.launch(step.batch, device_idle)
+            step.launched = self.runner.launch(step.batch)
         except Exception as exc:
             self.fail(step, exc)
         step.host["launch"] = (t0, now())

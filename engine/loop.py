@@ -17,7 +17,7 @@ def run_sync(core: EngineCore) -> None:
         if step is None:
             core.idle()
             continue
-        core.launch(step, device_idle=True)
+        core.launch(step)
         core.consume(step)                      # the host blocks here, with nothing else queued
 
 
@@ -26,7 +26,7 @@ def run_async(core: EngineCore) -> None:
     while core.keep_running("async") or in_flight is not None:
         step = core.build("async", in_flight) if core.keep_running("async") else None
         if step is not None:
-            core.launch(step, device_idle=in_flight is None)
+            core.launch(step)
         if in_flight is not None:
             core.consume(in_flight)             # the host blocks here, with the next step already queued
         elif step is None:

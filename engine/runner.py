@@ -74,6 +74,7 @@ class ModelRunner:
             self.h2d_stream = torch.cuda.Stream(device)
             self.compute_stream = torch.cuda.Stream(device)
             self.d2h_stream = torch.cuda.Stream(device)
+            self.clock_stream = torch.cuda.Stream(device)   # only ever records clock anchors
             self.events = [SlotEvents(), SlotEvents()]
         self.last_out: torch.Tensor | None = None    # device output of the last launched step (carry source)
         # graphs need a capturable attention kernel: the torch reference loops over host-side lengths
@@ -107,7 +108,7 @@ class ModelRunner:
             self.events[slot.index].h2d_end.synchronize()
 
     # -- launch -------------------------------------------------------------------------------------------------
-    def launch(self, batch: Batch, device_idle: bool) -> Launched:
+    def launch(self, batch: Batch) -> Launched:
         slot = batch.slot
         if not self.cuda:
             self._compute(batch, self.last_out)
@@ -116,15 +117,13 @@ class ModelRunner:
             return Launched(batch, None, None)
 
         ev = self.events[slot.index]
-        anchor = None
         n64, n32, nf = batch.sizes
         S = len(batch.plan.sampled)
+        # Clock anchor: an event on a stream that never holds work completes as soon as the device sees it, even
+        # while other streams are busy, so (event, host time) pins the GPU clock to the host clock every step.
+        anchor = (ev.anchor, time.perf_counter_ns())
+        ev.anchor.record(self.clock_stream)
         with torch.cuda.stream(self.h2d_stream):
-            if device_idle:
-                # Nothing is queued on the device: this event completes almost at once, so it pins the GPU
-                # clock to the host clock for telemetry.
-                anchor = (ev.anchor, time.perf_counter_ns())
-                ev.anchor.record()
             if ev.used:
                 self.h2d_stream.wait_event(ev.compute_end)   # the previous step on this slot has read it
             ev.h2d_start.record()

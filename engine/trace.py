@@ -33,7 +33,8 @@ class StepTrace:
     host: dict[str, tuple[int, int]] = field(default_factory=dict)
     # CUDA events (start, end) per GPU phase; None on CPU. Complete when the trace is delivered.
     gpu_events: dict[str, tuple[Any, Any]] | None = None
-    # (event, host perf_counter_ns) recorded when the device had no queued work: maps events to host time.
+    # (event, host perf_counter_ns) recorded at launch on a stream that holds no work, so the event completes
+    # as soon as the device sees it: maps this step's events to host time. None on CPU.
     anchor: tuple[Any, int] | None = None
     # the step the GPU was still running while this one was built (async overlap); None when it was idle
     built_during_step: int | None = None

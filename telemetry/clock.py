@@ -1,11 +1,11 @@
 """CUDA events -> host microseconds, without ever synchronising.
 
 A CUDA event has no absolute time; `a.elapsed_time(b)` only gives the device time between two completed events
-(a query, not a wait). When it launches a step on an idle device, the engine records an anchor event and notes
-the host `perf_counter_ns()` at that moment, so the anchor's device time is (almost exactly) that host time. Any
-later event then sits at `anchor_host + anchor.elapsed_time(event)`. The newest anchor is kept for the steps that
-come without one (async steady state: the device is never idle). Keeping it is safe: the engine re-records an
-anchor only on an idle launch, and that step's trace, carrying the new pair, is the next one delivered.
+(a query, not a wait). When it launches a step, the engine records an anchor event on a stream that never holds
+work and notes the host `perf_counter_ns()` at that moment: the event completes as soon as the device sees it,
+even while other streams are busy, so its device time is (almost exactly) that host time. Any event of the step
+then sits at `anchor_host + anchor.elapsed_time(event)`. Anchoring every step leaves no room for drift; the
+newest anchor is still kept for a trace that comes without one (a step that failed before its launch).
 
 Bounds keep the mapping honest when the anchor is a little off or the two clocks drift apart during a long busy
 stretch. Two are strict: a step's device work cannot start before the host began building it, and its D2H copy
