@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One pass over everything that needs a CUDA device: the gpu-marked tests, the attention kernel check and
 # timings, and the engine benchmark against transformers. Logs and JSON land in $OUT (default ./out).
-# Usage: benchmarks/gpu_checks.sh [tests|kernels|fused|demo|bench-a|bench-b|bench-c|telemetry|all]...
+# Usage: benchmarks/gpu_checks.sh [overlap|tests|kernels|fused|demo|bench-a|bench-b|bench-c|telemetry|all]...
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -11,6 +11,9 @@ what=${*:-all}
 has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+if has overlap; then   # the quick engine checks: overlap from step traces, no hidden synchronisation
+  python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py -k "fills or hidden" 2>&1 | tee "$OUT/overlap.log"
+fi
 if has tests; then
   python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_gpu.py tests/test_attention_triton.py \
     tests/test_fused.py -rs 2>&1 | tee "$OUT/gpu_tests.log"
