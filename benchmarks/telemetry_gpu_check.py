@@ -413,9 +413,9 @@ def profiled_run(ck: Check, mode: str, trace_path: Path) -> dict:
     runner = work.engine._core.runner
     original = runner.launch
 
-    def launch(batch, device_idle):
+    def launch(batch):
         with record_function(f"{STEP_PREFIX}{batch.plan.step}"):
-            return original(batch, device_idle)
+            return original(batch)
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if work.cuda else [])
     config, note = profiler_config()
