@@ -39,7 +39,7 @@ class EngineCore:
         self.scheduler, self.runner = scheduler, runner
         self.eos_ids = frozenset(eos_ids)
         self.detokenize = detokenize            # token ids -> text (final text of a finished request)
-        self.stop_checker = stop_checker        # (request) -> index where a stop string ends, or None
+        self.stop_checker = stop_checker        # (request) -> where the first stop string starts, or None
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wakeup = threading.Event()
         self.handles: dict[str, RequestHandle] = {}
