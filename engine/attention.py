@@ -41,7 +41,7 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, va
 def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                           scale: float, sliding_window: int | None = None) -> torch.Tensor:
     """Reference: q [T, H, D] -> out [T, H, D]. Gathers only the batch's own blocks, never the whole cache."""
-    if meta.max_query_len == 1:
+    if meta.max_query_len == 1 and len(meta.seq_lens_host) == q.shape[0]:    # every request decodes one token
         return _decode_torch(q, k_cache, v_cache, meta, scale, sliding_window)
     out = torch.empty_like(q)
     block_size = k_cache.shape[1]
