@@ -49,22 +49,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="preset (smollm2-135m, tiny-random, llama3-8b-random), HF folder or hub id")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
-    p.add_argument("--requests", type=_positive_int, default=32)
-    p.add_argument("--prompt-tokens", type=_positive_int, default=256, help="random token ids per prompt")
-    p.add_argument("--new-tokens", type=_positive_int, default=512, help="generated per request, EOS ignored")
+    p.add_argument("--requests", type=positive_int, default=32)
+    p.add_argument("--prompt-tokens", type=positive_int, default=256, help="random token ids per prompt")
+    p.add_argument("--new-tokens", type=positive_int, default=512, help="generated per request, EOS ignored")
     p.add_argument("--modes", type=_modes, default=list(MODES), help="comma-separated, e.g. sync,async")
     p.add_argument("--baseline", default="none", choices=["none", "transformers"],
                    help="also time transformers' continuous batching (generate_batch, async off and on)")
-    p.add_argument("--repeats", type=_positive_int, default=1,
+    p.add_argument("--repeats", type=positive_int, default=1,
                    help="timed rounds; the order reverses every other round; the table shows medians")
     p.add_argument("--seed", type=int, default=0, help="seeds the prompts and the random presets' weights")
-    p.add_argument("--warmup-tokens", type=_positive_int, default=8, help="new tokens of the untimed warm-up")
-    p.add_argument("--max-batch-tokens", type=_positive_int, default=None,
+    p.add_argument("--warmup-tokens", type=positive_int, default=8, help="new tokens of the untimed warm-up")
+    p.add_argument("--max-batch-tokens", type=positive_int, default=None,
                    help="per-step token budget, for both systems (default: enough to prefill all prompts at "
                         "once, between 2048 and 8192)")
-    p.add_argument("--num-blocks", type=_positive_int, default=None,
+    p.add_argument("--num-blocks", type=positive_int, default=None,
                    help="batchscope KV blocks (default: exactly enough for the workload, plus one per request)")
-    p.add_argument("--bandwidth-mib", type=_positive_int, default=None,
+    p.add_argument("--bandwidth-mib", type=positive_int, default=None,
                    help="size of the copy that measures bandwidth (default: 1024 on CUDA, 128 on CPU)")
     p.add_argument("--no-telemetry", action="store_true",
                    help="run batchscope with no observer attached: wall and tokens/s only, no timelines")
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         v = int(text)
     except ValueError:

@@ -9,6 +9,8 @@ import time
 
 from engine.config import DTYPES, MODES
 
+from .bench import positive_int
+
 DEFAULT_PORT = 7860
 
 
@@ -65,21 +67,11 @@ def _limit_args(p: argparse.ArgumentParser) -> None:
     from .loadgen import Limits
 
     d = Limits()
-    p.add_argument("--max-prompt-tokens", type=_positive_int, default=d.max_prompt_tokens)
-    p.add_argument("--max-new-tokens", type=_positive_int, default=d.max_new_tokens)
-    p.add_argument("--max-burst-requests", type=_positive_int, default=d.max_burst_requests)
-    p.add_argument("--max-concurrent-bursts", type=_positive_int, default=d.max_concurrent_bursts)
-    p.add_argument("--max-waiting-requests", type=_positive_int, default=d.max_waiting_requests)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+    p.add_argument("--max-prompt-tokens", type=positive_int, default=d.max_prompt_tokens)
+    p.add_argument("--max-new-tokens", type=positive_int, default=d.max_new_tokens)
+    p.add_argument("--max-burst-requests", type=positive_int, default=d.max_burst_requests)
+    p.add_argument("--max-concurrent-bursts", type=positive_int, default=d.max_concurrent_bursts)
+    p.add_argument("--max-waiting-requests", type=positive_int, default=d.max_waiting_requests)
 
 
 def _say(msg: str) -> None:

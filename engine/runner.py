@@ -236,7 +236,7 @@ class ModelRunner:
         if launched.events is not None:
             launched.events.d2h_end.synchronize()
         S = len(launched.batch.plan.sampled)
-        return launched.batch.slot.host_out[:S].tolist()
+        return launched.batch.slot.host_out[:S].tolist()     # pinned host memory the copy already filled
 
     def stream_context(self):
         return torch.cuda.stream(self.compute_stream) if self.cuda else contextlib.nullcontext()
