@@ -50,6 +50,7 @@ class EngineCore:
         self.closing = False
         self._new_arrivals: list = []
         self._finished: list = []       # (id, reason, prompt, output) since the last trace
+        self._deferred: list = []       # sync-loop traces waiting for the next launch
 
     # -- control ------------------------------------------------------------------------------------------------
     def keep_running(self, mode: str) -> bool:
@@ -57,6 +58,7 @@ class EngineCore:
 
     def idle(self) -> None:
         """Nothing to do: sleep until a submission, a cancel, a mode switch or close."""
+        self.flush_traces()
         self.wakeup.wait(0.05)
         self.wakeup.clear()
 
@@ -68,7 +70,13 @@ class EngineCore:
                 traceback.print_exc()
 
     def mode_changed(self, from_mode: str, to_mode: str) -> None:
+        self.flush_traces()
         self.notify(ModeChange(now(), self.step_counter, from_mode, to_mode))
+
+    def flush_traces(self) -> None:
+        """Deliver the traces held back by the sync loop (see `_trace`)."""
+        while self._deferred:
+            self.notify(self._deferred.pop(0))
 
     def _drain_inbox(self) -> None:
         while True:
@@ -116,6 +124,7 @@ class EngineCore:
         except Exception as exc:
             self.fail(step, exc)
         step.host["launch"] = (t0, now())
+        self.flush_traces()             # observers of the previous sync step run while this one computes
 
     # -- consume: wait + update ---------------------------------------------------------------------------------
     def consume(self, step: Step) -> None:
@@ -199,7 +208,7 @@ class EngineCore:
         decode = sum(1 for s in plan.seqs if _is_decode(s))
         prefill = plan.num_tokens - decode
         alloc = self.scheduler.allocator
-        self.notify(StepTrace(
+        trace = StepTrace(
             step=plan.step, mode=step.mode, slot=plan.step % 2, request_ids=[s.req.id for s in plan.seqs],
             prefill_tokens=prefill, decode_tokens=decode, sampled=len(plan.sampled),
             carried=batch.num_carried if batch is not None else 0,
@@ -208,7 +217,14 @@ class EngineCore:
             gpu_events=la.events.spans() if la is not None and la.events is not None else None,
             anchor=la.anchor if la is not None else None,
             built_during_step=step.built_during_step, consumed_at_launch=step.consumed_at_launch,
-            arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted, error=error))
+            arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted, error=error)
+        if step.mode == "sync" and error is None:
+            # In sync the GPU idles until the next launch: observers run after it instead, hidden behind the
+            # device. Its events stay valid until the step after that reuses the slot.
+            self._deferred.append(trace)
+        else:
+            self.flush_traces()
+            self.notify(trace)
 
 
 def _is_decode(seq) -> bool:

@@ -157,6 +157,7 @@ class Engine:
                     traceback.print_exc()
                     time.sleep(0.01)
         # closing: whatever never ran is cancelled so that no caller waits forever
+        core.flush_traces()
         core._drain_inbox()
         for req in list(core.scheduler.running) + list(core.scheduler.waiting):
             core._finish(req, "cancelled")
