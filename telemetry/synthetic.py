@@ -2,7 +2,8 @@
 
 It exists so telemetry, the dashboard and their tests can run without torch, a model or a GPU. It speaks the
 engine's observer contract (engine/trace.py): host spans in perf_counter ns, CUDA-like events whose device clock
-has its own offset and drift, an anchor re-recorded whenever the device is idle, events invalidated once their
+has its own offset and drift, an anchor re-recorded only when the device is idle (sparser than the real engine,
+which anchors every step, so the clock's drift bounds get exercised), events invalidated once their
 trace was delivered (the real engine re-records them two steps later), requests that arrive, prefill, decode and
 finish by length. Virtual time only moves when a step runs or `idle()` is called, so runs are deterministic.
 With `realtime=True` the engine also sleeps until the wall clock catches up with it after each iteration, so its
@@ -197,7 +198,7 @@ class SyntheticEngine:
         if self.gpu:
             launch = self._host(40)
             host["launch"] = launch
-            if self.pending is None:          # launched on an idle device: re-anchor (like the engine)
+            if self.pending is None:          # launched on an idle device: re-anchor (sparser than the engine)
                 anchor = self._anchor_events[tr.slot]
                 anchor.t_ms = self._dev_ms(max(launch[0], self.gpu_free, self.copy_free)) + self.anchor_error_us / 1e3
                 tr.anchor = (anchor, launch[0])
