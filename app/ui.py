@@ -374,56 +374,42 @@ def build_ui(state) -> gr.Blocks:
 
         spec_inputs = [n_req, p_min, p_max, o_min, o_max, arrival, rate, burstiness, ignore_eos_b, burst_seed]
 
-        def run_burst(*values):
-            try:
-                spec = _spec(*values)
-                burst_id = state.start_burst(spec)
-            except Exception as e:
-                yield _progress_html(0, 0, "", error=f"burst not started: {e}"), ""
-                return
-            while True:
+        def follow(kind: str, start, status, label, table):
+            """Start a burst or an A/B, then poll it: (progress, results) until it ends or fails."""
+            def run(*values):
                 try:
-                    st = state.burst_status(burst_id)
+                    run_id = start(_spec(*values))
                 except Exception as e:
-                    yield _progress_html(0, 0, "", error=f"burst {burst_id}: {e}"), ""
+                    yield _progress_html(0, 0, "", error=f"{kind} not started: {e}"), ""
                     return
-                phase = str(st.get("state", "running"))
-                err = st.get("error")
-                yield (_progress_html(st.get("done"), st.get("total"), f"burst {burst_id}: {phase}",
-                                      error=f"burst {burst_id} failed: {err}" if err else None),
-                       results_html(st.get("results")))
-                if phase in TERMINAL or err:
-                    return
-                time.sleep(POLL_S)
+                while True:
+                    try:
+                        st = status(run_id)
+                    except Exception as e:
+                        yield _progress_html(0, 0, "", error=f"{kind} {run_id}: {e}"), ""
+                        return
+                    phase = str(st.get("state", "running"))
+                    err = st.get("error")
+                    yield (_progress_html(st.get("done"), st.get("total"), label(run_id, phase, st),
+                                          error=f"{kind} {run_id} failed: {err}" if err else None), table(st))
+                    if phase in TERMINAL or err:
+                        return
+                    time.sleep(POLL_S)
+            return run
 
-        # our own progress bar says how far it got; Gradio's overlay would only hide it
+        def ab_label(ab_id, phase, st):
+            running = _first(st, "phase", "current", "mode", default="")
+            return f"A/B {ab_id}: {phase}" + (f" ({running})" if running and phase not in TERMINAL else "")
+
+        run_burst = follow("burst", state.start_burst, state.burst_status,
+                           lambda burst_id, phase, st: f"burst {burst_id}: {phase}",
+                           lambda st: results_html(st.get("results")))
+        run_ab = follow("A/B", state.start_ab, state.ab_status, ab_label,
+                        lambda st: ab_html(st) if (st.get("sync") or st.get("async")) else "")
+
+        # our own progress bars say how far a run got; Gradio's overlay would only hide them
         burst_btn.click(run_burst, spec_inputs, [burst_progress, burst_results], concurrency_limit=4,
                         show_progress="hidden")
-
-        def run_ab(*values):
-            try:
-                spec = _spec(*values)
-                ab_id = state.start_ab(spec)
-            except Exception as e:
-                yield _progress_html(0, 0, "", error=f"A/B not started: {e}"), ""
-                return
-            while True:
-                try:
-                    st = state.ab_status(ab_id)
-                except Exception as e:
-                    yield _progress_html(0, 0, "", error=f"A/B {ab_id}: {e}"), ""
-                    return
-                phase = str(st.get("state", "running"))
-                err = st.get("error")
-                running = _first(st, "phase", "current", "mode", default="")
-                label = f"A/B {ab_id}: {phase}" + (f" ({running})" if running and phase not in TERMINAL else "")
-                table = ab_html(st) if (st.get("sync") or st.get("async")) else ""
-                yield (_progress_html(st.get("done"), st.get("total"), label,
-                                      error=f"A/B {ab_id} failed: {err}" if err else None), table)
-                if phase in TERMINAL or err:
-                    return
-                time.sleep(POLL_S)
-
         ab_btn.click(run_ab, spec_inputs, [ab_progress, ab_results], concurrency_limit=2, show_progress="hidden")
 
     return demo
