@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 
 import pytest
 import torch
@@ -66,3 +67,28 @@ def qwen3_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3-tiny")
     model.save_pretrained(path)
     return str(path), model, eos
+
+
+def generate_in_mode(engine, prompts, params, mode: str):
+    """`engine.generate` in "sync", in "async", or ("switch") with the mode flipped from another thread every
+    three engine steps while it runs."""
+    if mode != "switch":
+        engine.set_mode(mode)
+        return engine.generate(prompts, params)
+    stop = threading.Event()
+
+    def flip():
+        last = 0
+        while not stop.is_set():
+            steps = engine.stats()["steps"]
+            if steps - last >= 3:
+                engine.set_mode("sync" if engine.mode == "async" else "async")
+                last = steps
+            stop.wait(0.0003)
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    try:
+        return engine.generate(prompts, params)
+    finally:
+        stop.set()
+        flipper.join()

@@ -1,40 +1,10 @@
 """Greedy tokens equal transformers' own generate: in sync, in async, and with the mode switched live."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from conftest import random_prompts, reference_generate
+from conftest import generate_in_mode, random_prompts, reference_generate
 from engine import Engine, EngineConfig, SamplingParams
-
-
-def _switcher(engine: Engine, every_steps: int, stop: threading.Event) -> threading.Thread:
-    """Flips the mode from another thread every few engine steps."""
-    def run():
-        last = 0
-        while not stop.is_set():
-            steps = engine.stats()["steps"]
-            if steps - last >= every_steps:
-                engine.set_mode("sync" if engine.mode == "async" else "async")
-                last = steps
-            stop.wait(0.0005)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
-
-
-def _generate(engine: Engine, prompts, params, mode: str):
-    if mode != "switch":
-        engine.set_mode(mode)
-        return engine.generate(prompts, params)
-    stop = threading.Event()
-    t = _switcher(engine, 3, stop)
-    try:
-        return engine.generate(prompts, params)
-    finally:
-        stop.set()
-        t.join()
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +20,7 @@ def test_tiny_random_greedy_equals_transformers(tiny_engine, tiny_reference, mod
     prompts = random_prompts(10, 49152, 1, 70, seed=11)
     lengths = [5, 17, 9, 24, 12, 3, 30, 8, 20, 14]
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths]
-    outs = _generate(tiny_engine, prompts, params, mode)
+    outs = generate_in_mode(tiny_engine, prompts, params, mode)
     for p, n, out in zip(prompts, lengths, outs):
         assert out.finish_reason == "length"
         assert out.token_ids == reference_generate(tiny_reference, p, n, None)
@@ -79,7 +49,7 @@ def test_qwen3_grouped_kv_greedy_equals_transformers(qwen_engine, qwen3_checkpoi
     _path, model, eos_id = qwen3_checkpoint
     prompts = random_prompts(12, 512, 1, 60, seed=7)
     params = SamplingParams(max_new_tokens=24, ignore_eos=not eos)
-    outs = _generate(qwen_engine, prompts, params, mode)
+    outs = generate_in_mode(qwen_engine, prompts, params, mode)
     stopped = 0
     for p, out in zip(prompts, outs):
         ref = reference_generate(model, p, 24, eos_id if eos else None)
@@ -103,7 +73,7 @@ def test_tiny_cache_forces_chunked_prefill_and_preemption(qwen3_checkpoint, mode
     eng.add_observer(lambda ev: traces.append(ev) if hasattr(ev, "preempted") else None)
     try:
         prompts = random_prompts(6, 512, 20, 45, seed=3)
-        outs = _generate(eng, prompts, SamplingParams(max_new_tokens=20, ignore_eos=True), mode)
+        outs = generate_in_mode(eng, prompts, SamplingParams(max_new_tokens=20, ignore_eos=True), mode)
     finally:
         eng.close()
     for p, out in zip(prompts, outs):

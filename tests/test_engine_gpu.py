@@ -1,12 +1,10 @@
 """The engine on a CUDA device: correctness in both dtypes and attention paths, no hidden syncs, real overlap."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
-from conftest import random_prompts, reference_generate
+from conftest import generate_in_mode, random_prompts, reference_generate
 from engine import Engine, EngineConfig, SamplingParams, StepTrace
 
 pytestmark = pytest.mark.gpu
@@ -50,28 +48,6 @@ def assert_greedy_equivalent(model, prompt, ours, ref, dtype):
     assert gap <= 0.02 * logits.abs().max().item() + 0.05, f"diverged at {i} with logit gap {gap}"
 
 
-def _run(eng: Engine, prompts, params, mode):
-    if mode != "switch":
-        eng.set_mode(mode)
-        return eng.generate(prompts, params)
-    stop = threading.Event()
-
-    def flip():
-        last = 0
-        while not stop.is_set():
-            if eng.stats()["steps"] - last >= 3:
-                eng.set_mode("sync" if eng.mode == "async" else "async")
-                last = eng.stats()["steps"]
-            stop.wait(0.0002)
-    t = threading.Thread(target=flip, daemon=True)
-    t.start()
-    try:
-        return eng.generate(prompts, params)
-    finally:
-        stop.set()
-        t.join()
-
-
 @pytest.mark.parametrize("mode", ["sync", "async", "switch"])
 @pytest.mark.parametrize("attention", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -80,7 +56,7 @@ def test_qwen3_greedy_equals_transformers_on_cuda(qwen3_checkpoint, dtype, atten
     eng = _engine(path, dtype, attention)
     ref_model = _reference_model(path, dtype)
     prompts = random_prompts(12, 512, 1, 60, seed=7)
-    outs = _run(eng, prompts, SamplingParams(max_new_tokens=24, ignore_eos=False), mode)
+    outs = generate_in_mode(eng, prompts, SamplingParams(max_new_tokens=24, ignore_eos=False), mode)
     for p, out in zip(prompts, outs):
         ref = reference_generate(ref_model, p, 24, eos)
         assert_greedy_equivalent(ref_model, p, out.token_ids, ref, dtype)
@@ -95,7 +71,7 @@ def test_tiny_random_greedy_equals_transformers_on_cuda(dtype):
         ref_model = load_model(EngineConfig(model="tiny-random", device="cuda", dtype=dtype)).model
         prompts = random_prompts(10, 49152, 1, 70, seed=11)
         for mode in ("sync", "async", "switch"):
-            outs = _run(eng, prompts, SamplingParams(max_new_tokens=16, ignore_eos=True), mode)
+            outs = generate_in_mode(eng, prompts, SamplingParams(max_new_tokens=16, ignore_eos=True), mode)
             for p, out in zip(prompts, outs):
                 assert_greedy_equivalent(ref_model, p, out.token_ids, reference_generate(ref_model, p, 16, None),
                                          dtype)
