@@ -110,15 +110,15 @@ class ModelRunner:
     # -- launch -------------------------------------------------------------------------------------------------
     def launch(self, batch: Batch) -> Launched:
         slot = batch.slot
+        S = len(batch.plan.sampled)
         if not self.cuda:
             self._compute(batch, self.last_out)
-            slot.host_out[:len(batch.plan.sampled)].copy_(slot.out_tokens[:len(batch.plan.sampled)])
+            slot.host_out[:S].copy_(slot.out_tokens[:S])
             self.last_out = slot.out_tokens
             return Launched(batch, None, None)
 
         ev = self.events[slot.index]
         n64, n32, nf = batch.sizes
-        S = len(batch.plan.sampled)
         # Clock anchor: an event on a stream that never holds work completes as soon as the device sees it, even
         # while other streams are busy, so (event, host time) pins the GPU clock to the host clock every step.
         anchor = (ev.anchor, time.perf_counter_ns())

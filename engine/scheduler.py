@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .kv_cache import BlockAllocator
 from .request import Request
@@ -30,11 +31,12 @@ class StepPlan:
     running: int
     preempted: list[str] = field(default_factory=list)
 
-    @property
+    # A plan never changes once made; these are read several times a step (fill, launch, wait, update, trace).
+    @cached_property
     def num_tokens(self) -> int:
         return sum(s.num_tokens for s in self.seqs)
 
-    @property
+    @cached_property
     def sampled(self) -> list[ScheduledSeq]:
         return [s for s in self.seqs if s.sample]
 
