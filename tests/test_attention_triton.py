@@ -18,6 +18,7 @@ if not HAS_CUDA:
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
+from conftest import compile_for_hopper  # noqa: E402
 from engine import attention_triton as at  # noqa: E402
 from engine.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
 
@@ -258,17 +259,8 @@ print("compiled", len(launches))
 
 
 def test_kernels_compile_for_hopper_with_the_launch_arguments():
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
-    if proc.returncode and "ptxas" in proc.stderr and "not found" in proc.stderr:
-        pytest.skip("this triton build has no ptxas")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "compiled 5" in proc.stdout, proc.stdout  # split decode + merge, direct decode, 2 prefills
+    out = compile_for_hopper(COMPILE_FOR_HOPPER)
+    assert "compiled 5" in out, out  # split decode + merge, direct decode, 2 prefills
 
 
 def test_decode_splits_fill_the_gpu_without_overshooting():

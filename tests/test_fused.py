@@ -12,6 +12,8 @@ import os
 import pytest
 import torch
 
+from conftest import compile_for_hopper
+
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     # Must be set before the kernels are decorated, i.e. before engine.fused is imported.
@@ -292,17 +294,8 @@ print("compiled 4")
 
 
 def test_kernels_compile_for_hopper():
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
-    if proc.returncode and "ptxas" in proc.stderr and "not found" in proc.stderr:
-        pytest.skip("this triton build has no ptxas")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "compiled 4" in proc.stdout, proc.stdout
+    out = compile_for_hopper(COMPILE_FOR_HOPPER)
+    assert "compiled 4" in out, out
 
 
 # ------------------------------------------------------------------------------------------------ GPU
