@@ -26,7 +26,8 @@ class EngineConfig:
     seed: int = 0
     attention: str = "auto"         # "auto" | "torch" | "triton"
     cuda_graphs: bool = True        # decode steps replay CUDA graphs where the attention path allows it
-    fused_kernels: bool = True      # on CUDA with Triton: fused RMSNorm and rotary kernels in place of eager ops
+    fused_kernels: bool = True      # on CUDA with Triton: fused RMSNorm, rotary and SiLU*up kernels for eager ops
+    merge_projections: bool = True  # one GEMM for q/k/v and one for gate/up per layer (engine.projections)
 
     def validate(self) -> "EngineConfig":
         if self.mode not in MODES:

@@ -16,6 +16,7 @@ from .core import EngineCore
 from .kv_cache import BlockAllocator, KVCache, kv_bytes_per_token
 from .loop import LOOPS
 from .models import load_model, resolve_device, weight_bytes
+from .projections import merge_projections
 from .request import Request, RequestHandle, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -45,8 +46,10 @@ class Engine:
         if kernel == "auto":
             kernel = "triton" if self.device.type == "cuda" and _triton_available() else "torch"
         self.kernel = kernel
+        fused = config.fused_kernels and kernel == "triton"
+        self.merged = merge_projections(self.model, fused_silu=fused) if config.merge_projections else []
         self.fused = []
-        if config.fused_kernels and kernel == "triton":
+        if fused:
             from .fused import install_fused_kernels    # lazy: Triton kernels compile only where they run
             self.fused = install_fused_kernels(self.model)
         max_blocks = -(-self.max_model_len // config.block_size)
@@ -210,6 +213,7 @@ class Engine:
             "max_batch_tokens": self.config.max_batch_tokens, "max_running": self.config.max_running,
             "max_model_len": self.max_model_len, "attention": self.kernel,
             "cuda_graphs": self._core.runner.use_graphs, "fused_kernels": len(self.fused),
+            "merged_projections": len(self.merged),
         }
 
 

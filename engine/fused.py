@@ -1,4 +1,5 @@
-"""Fused Triton kernels for the small per-layer ops of a transformers decoder: RMSNorm and rotary embedding.
+"""Fused Triton kernels for the small per-layer ops of a transformers decoder: RMSNorm, rotary embedding, and
+SiLU(gate) * up for the merged MLP projections of `engine.projections`.
 
 In eager PyTorch, one RMSNorm is ~8 kernels (cast, square, mean, add, rsqrt, mul, cast, mul) and rotary on q and
 k ~10 more (slices, neg, cat, muls, adds). In a batch-32 decode step of Llama-3-8B these launches and the poorly
@@ -20,7 +21,6 @@ torch.empty only and never read a device value on the host, so they are CUDA-gra
 from __future__ import annotations
 
 import contextlib
-import dis
 import importlib
 import os
 import types
@@ -29,13 +29,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .patching import same_code
+
 # Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) runs the kernels on CPU tensors.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_ROW = 16384            # longest RMSNorm row kept whole in registers; longer rows use the original forward
 
 # Classes verified against transformers' source to compute exactly `_rms_norm_eager` (Gemma-style norms, which
-# scale by 1 + weight, are not here). The bytecode check in `_same_code` re-verifies each at install time.
+# scale by 1 + weight, are not here). The bytecode check in `same_code` re-verifies each at install time.
 RMS_NORM_CLASSES = frozenset({
     "LlamaRMSNorm", "MistralRMSNorm", "MixtralRMSNorm", "MinistralRMSNorm", "Qwen2RMSNorm", "Qwen2MoeRMSNorm",
     "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "Phi3RMSNorm", "GraniteRMSNorm", "GraniteMoeRMSNorm", "OlmoeRMSNorm",
@@ -67,18 +69,6 @@ def _rotary_eager(q, k, cos, sin, unsqueeze_dim=1):
     q_embed = (q * cos) + (rotate_half(q) * sin)  # noqa: F821 (a global of the modeling file)
     k_embed = (k * cos) + (rotate_half(k) * sin)  # noqa: F821
     return q_embed, k_embed
-
-
-def _same_code(fn, reference) -> bool:
-    """Same instructions on the same names and constants (docstrings aside): the same math."""
-    fn = getattr(fn, "__func__", fn)
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return False
-
-    def ops(c):
-        return [(i.opname, i.argval) for i in dis.get_instructions(c)], c.co_varnames
-    return ops(code) == ops(reference.__code__)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -257,6 +247,43 @@ def _make_rotary(original):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# SiLU(gate) * up, on the merged gate/up product (see engine.projections)
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["n_rows"])   # the token count changes every step (see _rms_norm_kernel)
+def _silu_mul_kernel(gate_up, out, n_rows, n_cols, stride_in, stride_out, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    g = tl.load(gate_up + row * stride_in + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(gate_up + row * stride_in + n_cols + cols, mask=ok, other=0.0).to(tl.float32)
+    ty = out.dtype.element_ty
+    # as the eager ops round: silu in fp32, rounded to the dtype; the product in fp32, rounded again
+    act = (g / (1.0 + tl.exp(-g))).to(ty).to(tl.float32)
+    tl.store(out + row * stride_out + cols, (act * u).to(ty), mask=ok)
+
+
+def silu_mul(gate_up: torch.Tensor, split: int) -> torch.Tensor | None:
+    """`silu(gate_up[..., :split]) * gate_up[..., split:]` in one kernel, for a gate/up product whose halves are
+    equal; None when not covered (the caller runs the eager ops)."""
+    n = gate_up.shape[-1] if gate_up.dim() else 0
+    if (not _usable(gate_up) or n != 2 * split or split == 0 or gate_up.stride(-1) != 1
+            or (torch.is_grad_enabled() and gate_up.requires_grad)):
+        return None
+    try:
+        rows = gate_up.view(-1, n)
+    except RuntimeError:
+        return None
+    out = torch.empty((*gate_up.shape[:-1], split), dtype=gate_up.dtype, device=gate_up.device)
+    if rows.shape[0] == 0:
+        return out
+    block = min(1024, triton.next_power_of_2(split))
+    with _device_of(gate_up):
+        _silu_mul_kernel[(rows.shape[0], triton.cdiv(split, block))](
+            rows, out, rows.shape[0], split, rows.stride(0), split, BLOCK=block, num_warps=4)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Install / uninstall
 # --------------------------------------------------------------------------------------------------------------
 _PATCHED_MODULES: dict[str, object] = {}   # modeling module name -> its original apply_rotary_pos_emb
@@ -274,7 +301,7 @@ def install_fused_kernels(model: torch.nn.Module, rotary: bool = True) -> list[s
         families.add(cls.__module__)
         if cls.__name__ not in RMS_NORM_CLASSES or "forward" in module.__dict__:
             continue   # an instance-level forward (a hook wrapper, or already fused) is left alone
-        if not (_same_code(cls.forward, _rms_norm_eager) and isinstance(getattr(module, "weight", None),
+        if not (same_code(cls.forward, _rms_norm_eager) and isinstance(getattr(module, "weight", None),
                                                                          torch.Tensor)
                 and isinstance(getattr(module, "variance_epsilon", None), float)):
             continue
@@ -288,8 +315,8 @@ def install_fused_kernels(model: torch.nn.Module, rotary: bool = True) -> list[s
             mod = importlib.import_module(mod_name)
             fn = getattr(mod, "apply_rotary_pos_emb", None)
             if mod_name not in _PATCHED_MODULES:
-                if not (_same_code(fn, _rotary_eager)
-                        and _same_code(getattr(mod, "rotate_half", None), _rotate_half_eager)):
+                if not (same_code(fn, _rotary_eager)
+                        and same_code(getattr(mod, "rotate_half", None), _rotate_half_eager)):
                     continue
                 _PATCHED_MODULES[mod_name] = fn
                 mod.apply_rotary_pos_emb = _make_rotary(fn)

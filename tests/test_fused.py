@@ -1,4 +1,4 @@
-"""The fused RMSNorm and rotary kernels give the eager transformers result (rotary: bit for bit; RMSNorm: bit for
+"""The fused RMSNorm, rotary and SiLU*up kernels give the eager transformers result (rotary: bit for bit; RMSNorm: bit for
 bit but for rare one-ulp flips of the normalized value), patch only the modules whose math they reproduce, leave
 greedy generation unchanged, and replay in CUDA graphs.
 
@@ -131,6 +131,26 @@ def check_rotary(q, k, cos, sin, unsqueeze_dim=1):
         assert torch.equal(out, ref), ulp_distance(out, ref).max().item()
 
 
+def check_silu_mul(gate_up):
+    split = gate_up.shape[-1] // 2
+    ref = torch.nn.functional.silu(gate_up[..., :split]) * gate_up[..., split:]
+    out = fused.silu_mul(gate_up, split)
+    assert out is not None, "the kernel declined inputs it should cover"
+    assert out.dtype == ref.dtype and out.shape == ref.shape and out.is_contiguous()
+    # the same two roundings as the eager ops; only exp differs in its last fp32 bits (the GPU's fast exp2, a
+    # few ulps), which rarely flips the rounded 16-bit activation by one ulp (two ulps of the product)
+    dist = ulp_distance(out, ref)
+    if out.element_size() == 2:
+        assert dist.max().item() <= 2 and (dist > 0).float().mean().item() < 0.01, dist.max().item()
+    else:
+        assert dist.max().item() <= 32, dist.max().item()    # fp32: within 4e-6 relative
+
+
+def silu_inputs(shape, dtype, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (3 * torch.randn(shape, generator=gen)).to(dtype).to(device)
+
+
 NORM_CLASSES = [LlamaRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm, MistralRMSNorm]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -189,6 +209,21 @@ def test_rotary_declines_what_it_does_not_cover_in_interpreter():
     assert fused.apply_rotary(q, k.to(torch.bfloat16), cos, sin) is None
     assert fused.apply_rotary(q[..., :15], k[..., :15], cos[..., :15], sin[..., :15]) is None   # odd head_dim
     assert fused.apply_rotary(q.double(), k.double(), cos.double(), sin.double()) is None
+
+
+@interp
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_matches_eager_in_interpreter(dtype):
+    check_silu_mul(silu_inputs((5, 96), dtype))
+    check_silu_mul(silu_inputs((1, 3, 2 * 1500), dtype, seed=1))     # a half longer than one block
+
+
+@interp
+def test_silu_mul_declines_what_it_does_not_cover_in_interpreter():
+    x = silu_inputs((4, 64), torch.float32)
+    assert fused.silu_mul(x, 20) is None                      # halves of unequal size
+    assert fused.silu_mul(x[:, ::2], 16) is None              # strided last dim
+    assert fused.silu_mul(x.to(torch.int32), 32) is None
 
 
 @interp
@@ -289,13 +324,15 @@ sig = {p: "*bf16" for p in ("q", "k", "cos", "sin", "q_out", "k_out")}
 sig.update({p: "i32" for p in ints})
 sig.update({"HALF": "constexpr", "HALF_PAD": "constexpr", "BLOCK_H": "constexpr"})
 build(fused._rotary_kernel, sig, {"HALF": 64, "HALF_PAD": 64, "BLOCK_H": 8}, 4, enable_fp_fusion=False)
-print("compiled 4")
+build(fused._silu_mul_kernel, {"gate_up": "*bf16", "out": "*bf16", "n_rows": "i32", "n_cols": "i32",
+      "stride_in": "i32", "stride_out": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}, 4)
+print("compiled 5")
 """
 
 
 def test_kernels_compile_for_hopper():
     out = compile_for_hopper(COMPILE_FOR_HOPPER)
-    assert "compiled 4" in out, out
+    assert "compiled 5" in out, out
 
 
 # ------------------------------------------------------------------------------------------------ GPU
@@ -316,6 +353,13 @@ def test_gpu_rotary_matches_eager(dtype):
     check_rotary(*rotary_inputs(1, 32, 8, 700, 128, dtype, device="cuda", seed=1))   # prefill
     check_rotary(*rotary_inputs(1, 40, 8, 9, 64, dtype, device="cuda", seed=2))
     check_rotary(*rotary_inputs(4, 16, 4, 3, 256, dtype, cos_batch=1, device="cuda", seed=3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@gpu
+def test_gpu_silu_mul_matches_eager(dtype):
+    check_silu_mul(silu_inputs((32, 2 * 14336), dtype, device="cuda"))      # Llama-3-8B decode, batch 32
+    check_silu_mul(silu_inputs((1, 700, 2 * 1536), dtype, device="cuda", seed=1))
 
 
 @gpu
