@@ -7,7 +7,7 @@ built (see `register`); each request's causality comes from its positions.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,9 @@ class AttentionMetadata:
     max_seq_len: int
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]   # per layer (k, v): [num_blocks, block_size, kv_heads, D]
     kernel: str = "torch"            # "torch" | "triton"
+    # One step's decode masks, built by its first layer and reused by the rest: a metadata object describes one
+    # step (the runner makes a new one per forward); whoever rewrites its tensors in place must clear this.
+    decode_masks: dict = field(default_factory=dict, repr=False)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -69,24 +72,40 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 
 def _decode_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                   scale: float, sliding_window: int | None) -> torch.Tensor:
-    """One query per request, all requests at once: one gather of the batch's blocks per layer and two batched
-    matmuls, instead of a loop over requests (which costs ~10x more launches, on CPU most of a step)."""
+    """One query per request, all requests at once: one gather of the batch's blocks per layer and one fused
+    attention call, instead of a loop over requests (which costs ~10x more launches, on CPU most of a step)."""
     B, H, D = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     n_blocks = -(-meta.max_seq_len // block_size)
+    L = n_blocks * block_size
     table = meta.block_tables[:B, :n_blocks].reshape(-1)
-    k = k_cache.index_select(0, table).view(B, n_blocks * block_size, kv_heads, D)   # [B, L, kv_heads, D]
-    v = v_cache.index_select(0, table).view(B, n_blocks * block_size, kv_heads, D)
-    qg = q.reshape(B, kv_heads, H // kv_heads, D)        # query heads grouped by the KV head they share
-    scores = torch.einsum("bhgd,blhd->bhgl", qg, k).float() * scale
-    pos = torch.arange(k.shape[1], device=q.device)
-    lens = meta.seq_lens[:B].to(torch.long)[:, None]
-    allowed = pos[None, :] < lens
-    if sliding_window is not None:
-        allowed &= pos[None, :] >= lens - sliding_window
-    scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1).to(v.dtype)
-    return torch.einsum("bhgl,blhd->bhgd", probs, v).reshape(B, H, D)
+    # [B, kv_heads, L, D] as strided views of the gather: SDPA reads them in place, no permute copy
+    k = k_cache.index_select(0, table).view(B, L, kv_heads, D).transpose(1, 2)
+    v = v_cache.index_select(0, table).view(B, L, kv_heads, D).transpose(1, 2)
+    # A KV head's query heads go in SDPA's query-length dim: plain attention with no GQA expansion of k/v.
+    # The CPU flash kernel keeps the softmax in fp32 and skips the [B, H, L] score tensors.
+    out = F.scaled_dot_product_attention(q.unflatten(1, (kv_heads, H // kv_heads)), k, v,
+                                         attn_mask=_decode_mask(meta, B, L, sliding_window, q.dtype), scale=scale)
+    return out.reshape(B, H, D)
+
+
+def _decode_mask(meta: AttentionMetadata, B: int, L: int, sliding_window: int | None,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [B, 1, 1, L] hiding keys past each request's length (or out of its window). The same for
+    every layer of a step, so it is built once per step; additive because SDPA would convert a boolean one on
+    every call."""
+    key = (B, L, sliding_window, dtype)
+    mask = meta.decode_masks.get(key)
+    if mask is None:
+        pos = torch.arange(L, device=meta.seq_lens.device)
+        lens = meta.seq_lens[:B, None]
+        hidden = pos >= lens
+        if sliding_window is not None:
+            hidden |= pos < lens - sliding_window
+        mask = torch.zeros(B, 1, 1, L, dtype=dtype, device=pos.device).masked_fill_(hidden[:, None, None, :],
+                                                                                      float("-inf"))
+        meta.decode_masks[key] = mask
+    return mask
 
 
 def _attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -94,12 +113,13 @@ def _attention_forward(module, query, key, value, attention_mask, scaling=None, 
     meta: AttentionMetadata = kwargs["batchscope"]
     k_cache, v_cache = meta.kv_caches[module.layer_idx]
     q = query[0].transpose(0, 1)
-    write_kv(k_cache, v_cache, key[0].transpose(0, 1), value[0].transpose(0, 1), meta.slot_mapping)
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     if meta.kernel == "triton":
-        from .attention_triton import paged_attention_triton
+        from .attention_triton import paged_attention_triton, write_kv_triton
+        write_kv_triton(k_cache, v_cache, key[0].transpose(0, 1), value[0].transpose(0, 1), meta.slot_mapping)
         out = paged_attention_triton(q, k_cache, v_cache, meta, scaling, window)
     else:
+        write_kv(k_cache, v_cache, key[0].transpose(0, 1), value[0].transpose(0, 1), meta.slot_mapping)
         out = paged_attention_torch(q, k_cache, v_cache, meta, scaling, window)
     return out.unsqueeze(0), None
 

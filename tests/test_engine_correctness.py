@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conftest import generate_in_mode, random_prompts, reference_generate
 from engine import Engine, EngineConfig, SamplingParams
+from engine.attention import AttentionMetadata, paged_attention_torch
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +84,27 @@ def test_tiny_cache_forces_chunked_prefill_and_preemption(qwen3_checkpoint, mode
     # every prompt is longer than the 16-token budget, so matching tokens above means chunked prefill worked
     assert min(len(p) for p in prompts) > 16
     assert all(t.prefill_tokens + t.decode_tokens <= 16 for t in traces)
+
+
+def test_batched_decode_attention_matches_per_request_attention():
+    """The batched decode path (one gather, one SDPA, a mask built once per step) against attention written out
+    per request and head. One metadata object serves every call, as it serves every layer of a step, here with
+    layers with and without a sliding window."""
+    torch.manual_seed(0)
+    heads, kv_heads, d, block_size, lens = 9, 3, 64, 16, [37, 80, 5, 16]
+    k_cache, v_cache = torch.randn(2, 24, block_size, kv_heads, d).unbind(0)
+    tables = torch.randperm(24).view(4, 6).to(torch.int32)
+    meta = AttentionMetadata(torch.zeros(4, dtype=torch.int64), torch.arange(5, dtype=torch.int32),
+                             torch.tensor(lens, dtype=torch.int32), tables, list(range(5)), lens, 1, max(lens),
+                             [(k_cache, v_cache)])
+    q = torch.randn(4, heads, d)
+    for window in (None, 20, None):
+        out = paged_attention_torch(q, k_cache, v_cache, meta, 0.125, window)
+        for b, n in enumerate(lens):
+            lo = 0 if window is None else max(0, n - window)
+            k = k_cache[tables[b].long()].flatten(0, 1)[lo:n].double()
+            v = v_cache[tables[b].long()].flatten(0, 1)[lo:n].double()
+            for h in range(heads):
+                g = h // (heads // kv_heads)
+                probs = (k[:, g] @ q[b, h].double() * 0.125).softmax(0)
+                torch.testing.assert_close(out[b, h].double(), probs @ v[:, g], rtol=1e-5, atol=1e-5)
