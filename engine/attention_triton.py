@@ -24,11 +24,13 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 # A decode split handles at least this many keys: fewer would spend more on writing and re-reading the fp32
-# partial output (D floats per query head) than on the keys it saves.
-MIN_KEYS_PER_SPLIT = 256
+# partial output (D floats per query head) than on the keys it saves. (benchmarks/decode_tuning.py on an H200:
+# 128 beat 256, 512 and 1024 over contexts 300..8448 at batch 32.)
+MIN_KEYS_PER_SPLIT = 128
 MAX_SPLITS = 64
-# Aim for this many decode programs per SM so that HBM has enough loads in flight and the last wave is short.
-PROGRAMS_PER_SM = 16
+# Aim for about this many decode programs per SM so that HBM has enough loads in flight: more only adds
+# partial-output traffic and merge work (at batch 32 x 8 KV heads, 4 splits beat 9 and 16 at every context).
+PROGRAMS_PER_SM = 8
 DEFAULT_NUM_SMS = 132  # H200 / H100 SXM
 # Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) multiplies bf16/fp16 tiles as raw integer
 # bits; there the kernels upcast dot operands to fp32 (after the same bf16 rounding of p the GPU does).
@@ -123,6 +125,9 @@ def _decode_split_kernel(
     t0 = first_tile + split * per_split
     t1 = tl.minimum(t0 + per_split, first_tile + n_tiles)
     has_work = t1 > t0
+    # A context that fits in one split (most of them while contexts are short) is finished here: split 0 writes
+    # the output itself, and the merge, seeing a single live partial, leaves the row alone.
+    single = n_tiles <= per_split
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
@@ -152,7 +157,11 @@ def _decode_split_kernel(
         # An empty split stores only lse = -inf, which the merge reads as weight 0 (it skips that output slot).
         part = (b * NUM_HEADS + head) * num_splits + split
         tl.store(part_lse + part, tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
-        tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask & has_work)
+        if single:
+            tl.store(out + row * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
+                     mask=q_mask & has_query & has_work)
+        else:
+            tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask & has_work)
 
 
 @triton.jit(do_not_specialize=["query_start_loc", "num_splits"])
@@ -168,6 +177,9 @@ def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, num_splits, s
     part = (b * NUM_HEADS + h) * num_splits + s
     lse = tl.load(part_lse + part, mask=s < num_splits, other=float("-inf"))
     live = lse > float("-inf")
+    # One live partial: the split kernel already wrote this row's output (see `single` there).
+    merge = tl.sum(live.to(tl.int32), 0) > 1
+    live = live & merge
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)
@@ -178,7 +190,7 @@ def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, num_splits, s
     total = tl.where(total > 0, total, 1.0)
     res = tl.sum(o * w[:, None], 0) / total
     tl.store(out + row * stride_ot + h * stride_oh + d, res.to(out.dtype.element_ty),
-             mask=(d < HEAD_DIM) & has_query)
+             mask=(d < HEAD_DIM) & has_query & merge)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -261,6 +273,43 @@ def _prefill_kernel(
 
 
 # --------------------------------------------------------------------------------------------------------------
+# KV write: this step's keys and values into their cache slots, both in one launch (two index_copy_ calls are two
+# launches per layer, latency-bound at a decode step's few hundred KB).
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["slot_mapping", "stride_kt", "stride_kh", "stride_vt", "stride_vh"])
+def _write_kv_kernel(key, value, k_cache, v_cache, slot_mapping, stride_kt, stride_kh, stride_vt, stride_vh,
+                     stride_cs, stride_ch, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr,
+                     D_PAD: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping + t).to(tl.int64)
+    h = tl.arange(0, H_PAD)
+    d = tl.arange(0, D_PAD)
+    mask = (h < KV_HEADS)[:, None] & (d < HEAD_DIM)[None, :]
+    dst = slot * stride_cs + h[:, None] * stride_ch + d[None, :]
+    k = tl.load(key + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
+    tl.store(k_cache + dst, k, mask=mask)
+    v = tl.load(value + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
+    tl.store(v_cache + dst, v, mask=mask)
+
+
+def write_kv_triton(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> None:
+    """`engine.attention.write_kv` in one kernel: key/value [T, kv_heads, D] (any strides, last dim contiguous)
+    into caches [num_blocks, block_size, kv_heads, D] sharing one layout."""
+    T, KVH, D = key.shape
+    if key.stride(2) != 1 or value.stride(2) != 1:
+        key, value = key.contiguous(), value.contiguous()
+    if (k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1
+            or k_cache.stride(0) != k_cache.shape[1] * k_cache.stride(1)):
+        raise ValueError("the K and V caches must share one layout with whole blocks of contiguous slots")
+    if T == 0:
+        return
+    _write_kv_kernel[(T,)](key, value, k_cache, v_cache, slot_mapping, key.stride(0), key.stride(1),
+                           value.stride(0), value.stride(1), k_cache.stride(1), k_cache.stride(2),
+                           KV_HEADS=KVH, HEAD_DIM=D, H_PAD=_pow2(KVH), D_PAD=_pow2(D), num_warps=4)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Host side: configuration and launches. Only shapes (host ints) are read here, never device values.
 # --------------------------------------------------------------------------------------------------------------
 def _pow2(n: int) -> int:
@@ -300,7 +349,7 @@ def decode_splits(max_model_len: int, block_size: int, batch_size: int | None = 
     by_len = triton.cdiv(max(1, max_model_len), max(MIN_KEYS_PER_SPLIT, tile))
     splits = min(by_len, MAX_SPLITS)
     if batch_size is not None and num_kv_heads is not None:
-        splits = min(splits, triton.cdiv(PROGRAMS_PER_SM * num_sms, max(1, batch_size * num_kv_heads)))
+        splits = min(splits, PROGRAMS_PER_SM * num_sms // max(1, batch_size * num_kv_heads))
     return max(1, splits)
 
 
@@ -358,7 +407,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_N=block_n,
         USE_WINDOW=bool(sliding_window), DIRECT_OUT=direct, PRECISION=_precision(q.dtype),
         DOT_F32=_dot_f32(q.dtype),
-        num_warps=num_warps, num_stages=num_stages or (3 if q.element_size() <= 2 else 2))
+        num_warps=num_warps, num_stages=num_stages or 2)   # 2 beat 3 at every context (decode_tuning.py)
     if not direct:
         _decode_merge_kernel[(B, H)](
             part_out, part_lse, meta.query_start_loc, out, num_splits, out.stride(0), out.stride(1),

@@ -158,6 +158,23 @@ def test_sliding_window_in_interpreter(dtype):
 
 
 @interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_write_kernel_matches_index_copy(dtype):
+    from engine.attention import write_kv
+
+    gen = torch.Generator().manual_seed(5)
+    caches = [torch.randn(2, 9, 16, 3, 64, generator=gen).to(dtype)]     # [K/V, blocks, block_size, heads, D]
+    caches.append(caches[0].clone())
+    # keys as transformers hands them over: [1, kv_heads, T, D] transposed, so not contiguous
+    key = torch.randn(1, 3, 20, 64, generator=gen).to(dtype)[0].transpose(0, 1)
+    value = torch.randn(1, 3, 20, 64, generator=gen).to(dtype)[0].transpose(0, 1)
+    slots = torch.randperm(9 * 16, generator=gen)[:20]
+    write_kv(caches[0][0], caches[0][1], key, value, slots)
+    at.write_kv_triton(caches[1][0], caches[1][1], key, value, slots)
+    assert torch.equal(caches[0], caches[1])
+
+
+@interp
 def test_requests_without_queries_are_skipped():
     # A padded slot (no query, no context) between real requests, in both paths.
     q, kc, vc, meta = make_inputs([37, 0, 20], [1, 0, 1], 8, 2, 64, 16, torch.float32, seed=5)
@@ -206,7 +223,7 @@ class Record:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: launches.append((self.kernel, args, kwargs))
 
-for name in ("_decode_split_kernel", "_decode_merge_kernel", "_prefill_kernel"):
+for name in ("_decode_split_kernel", "_decode_merge_kernel", "_prefill_kernel", "_write_kv_kernel"):
     setattr(at, name, Record(getattr(at, name)))
 
 def meta(seq_lens, query_lens, block_size):
@@ -228,6 +245,9 @@ case(32, 8, 128, 16, torch.bfloat16, [900, 4000], [1, 1], None)          # split
 case(9, 3, 64, 32, torch.float16, [40, 7], [1, 1], 16)                    # one split: direct output, window
 case(32, 8, 128, 16, torch.bfloat16, [900, 4000, 5], [256, 1, 5], None)   # prefill, decode rows mixed in
 case(16, 2, 128, 16, torch.float32, [90, 3], [90, 1], 32)                 # fp32 prefill, window
+kv = torch.empty(64, 16, 8, 128, dtype=torch.bfloat16)
+new = torch.empty(1, 8, 32, 128, dtype=torch.bfloat16)[0].transpose(0, 1)   # [T, kv_heads, D] as transformers hands it
+at.write_kv_triton(kv[:32], kv[32:], new, new, torch.zeros(32, dtype=torch.int64))
 
 for kernel, args, kwargs in launches:
     params = [p for p in kernel.params if not p.is_constexpr]
@@ -235,7 +255,7 @@ for kernel, args, kwargs in launches:
     for i, (p, value) in enumerate(zip(params, args)):
         if isinstance(value, torch.Tensor):
             signature[p.name] = "*" + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-                                       torch.int32: "i32"}[value.dtype]
+                                       torch.int32: "i32", torch.int64: "i64"}[value.dtype]
             aligned = value.data_ptr() % 16 == 0
         elif isinstance(value, float):
             signature[p.name], aligned = "fp32", False
@@ -260,16 +280,17 @@ print("compiled", len(launches))
 
 def test_kernels_compile_for_hopper_with_the_launch_arguments():
     out = compile_for_hopper(COMPILE_FOR_HOPPER)
-    assert "compiled 5" in out, out  # split decode + merge, direct decode, 2 prefills
+    assert "compiled 6" in out, out  # split decode + merge, direct decode, 2 prefills, KV write
 
 
 def test_decode_splits_fill_the_gpu_without_overshooting():
-    assert at.decode_splits(256, 16) == 1
-    assert at.decode_splits(8448, 16) == 33
+    assert at.decode_splits(128, 16) == 1
+    assert at.decode_splits(4096, 16) == 4096 // at.MIN_KEYS_PER_SPLIT
     assert at.decode_splits(1 << 20, 16) == at.MAX_SPLITS
     # A big batch already fills the SMs: fewer splits, less partial-output traffic.
-    assert at.decode_splits(8448, 16, batch_size=32, num_kv_heads=8, num_sms=132) == 9
-    assert at.decode_splits(8448, 16, batch_size=1, num_kv_heads=8, num_sms=132) == 33
+    assert at.decode_splits(8448, 16, batch_size=32, num_kv_heads=8, num_sms=132) == 4
+    assert at.decode_splits(8448, 16, batch_size=1, num_kv_heads=8, num_sms=132) == at.MAX_SPLITS
+    assert at.decode_splits(8448, 16, batch_size=1024, num_kv_heads=8, num_sms=132) == 1
 
 
 # ------------------------------------------------------------------------------------------------ GPU
@@ -331,6 +352,7 @@ def test_gpu_decode_replays_in_a_cuda_graph_as_lengths_and_tables_change():
         meta.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         meta.block_tables.copy_(table)
         meta.seq_lens_host = lens
+        meta.decode_masks.clear()   # the reference's per-step mask cache: this meta now describes another step
         graph.replay()
         torch.cuda.synchronize()
         check(out, reference(q, kc, vc, meta, scale), torch.bfloat16)
