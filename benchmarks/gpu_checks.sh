@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One pass over everything that needs a CUDA device: the gpu-marked tests, the attention kernel check and
 # timings, and the engine benchmark against transformers. Logs and JSON land in $OUT (default ./out).
-# Usage: benchmarks/gpu_checks.sh [overlap|tests|kernels|fused|demo|bench-a|bench-b|bench-c|telemetry|all]...
+# Usage: benchmarks/gpu_checks.sh [overlap|tests|kernels|tuning|fused|gemm|profile|demo|bench-a|bench-a-engine|
+#                                  bench-b|bench-c|telemetry|all]...
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -16,13 +17,24 @@ if has overlap; then   # the quick engine checks: overlap from step traces, no h
 fi
 if has tests; then
   python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_gpu.py tests/test_attention_triton.py \
-    tests/test_fused.py -rs 2>&1 | tee "$OUT/gpu_tests.log"
+    tests/test_fused.py tests/test_projections.py -rs 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 if has kernels; then
   python3 benchmarks/attention_kernels.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
 fi
+if has tuning; then     # the decode kernel's launch settings at the engine's shape
+  python3 benchmarks/decode_tuning.py --out "$OUT/decode_tuning.json" 2>&1 | tee "$OUT/decode_tuning.log"
+fi
 if has fused; then
   python3 benchmarks/fused_kernels.py --out "$OUT/fused.json" 2>&1 | tee "$OUT/fused.log"
+fi
+if has gemm; then       # decode-step GEMM shapes: separate vs merged projections, cuBLAS vs a Triton kernel
+  python3 benchmarks/gemm_shapes.py --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log"
+fi
+if has profile; then    # where a decode step's GPU time goes, with and without merged projections
+  python3 benchmarks/decode_profile.py --out "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log"
+  python3 benchmarks/decode_profile.py --merge-projections 0 --out "$OUT/profile_unmerged.json" 2>&1 \
+    | tee "$OUT/profile_unmerged.log"
 fi
 if has demo; then      # a timeline with live switches, for `batchscope replay` and the README screenshot
   python3 benchmarks/demo_timeline.py --out "$OUT/demo.timeline.json" 2>&1 | tee "$OUT/demo.log"
@@ -31,6 +43,10 @@ BENCH="python3 -m app.bench --model llama3-8b-random --device cuda --requests 32
 if has bench-a; then   # (a) the issue's workload, side by side with transformers' continuous batching
   $BENCH --new-tokens 512 --modes sync,async --baseline transformers --out "$OUT/bench_a.json" --no-progress \
     2>&1 | tee "$OUT/bench_a.log"
+fi
+if has bench-a-engine; then   # (a) without the baseline: batchscope's two modes only
+  $BENCH --new-tokens 512 --modes sync,async --out "$OUT/bench_a_engine.json" --no-progress \
+    2>&1 | tee "$OUT/bench_a_engine.log"
 fi
 if has telemetry; then  # event spans vs torch.profiler, idle gaps per mode, NVML beside event busy %
   python3 benchmarks/telemetry_gpu_check.py 2>&1 | tee "$OUT/telemetry_check.log"
