@@ -31,7 +31,7 @@ GROUPS = (   # first match wins; names of cuBLAS/cutlass GEMMs, Triton kernels o
     ("rotary", ("rotary",)),
     ("activation", ("silu",)),
     ("sampling", ("argmax", "gumbel", "sample", "topk", "sort", "softmax")),
-    ("kv_write", ("index_copy", "indexcopy", "scatter")),
+    ("kv_write", ("index_copy", "indexcopy", "scatter", "write_kv")),
     ("elementwise", ("elementwise", "vectorized", "unrolled")),
 )
 
@@ -52,7 +52,8 @@ def main() -> None:
     p.add_argument("--mode", default="async")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--merge-projections", type=int, default=1)
-    p.add_argument("--out", default=os.path.join(os.environ["OUT"], "profile.json") if os.environ.get("OUT") else None)
+    p.add_argument("--out", default=os.path.join(os.environ["OUT"], "profile.json")
+                   if os.environ.get("OUT") else None)
     args = p.parse_args()
     engine = Engine(EngineConfig(model=args.model, device="cuda", mode=args.mode, max_running=args.requests,
                                  max_batch_tokens=8192, merge_projections=bool(args.merge_projections)))
@@ -89,7 +90,8 @@ def main() -> None:
         "kernels_per_step": round(len(kernels) / steps, 1),
         "groups": {g: {"ms_per_step": round(v[0] / steps / 1e3, 3), "kernels_per_step": round(v[1] / steps, 1)}
                    for g, v in sorted(by_group.items(), key=lambda kv: -kv[1][0])},
-        "top_kernels": [{"name": n[:160], "us_per_step": round(v[0] / steps, 1), "calls_per_step": round(v[1] / steps, 1)}
+        "top_kernels": [{"name": n[:160], "us_per_step": round(v[0] / steps, 1),
+                         "calls_per_step": round(v[1] / steps, 1)}
                         for n, v in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:25]],
     }
     engine.close()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One pass over everything that needs a CUDA device: the gpu-marked tests, the attention kernel check and
 # timings, and the engine benchmark against transformers. Logs and JSON land in $OUT (default ./out).
-# Usage: benchmarks/gpu_checks.sh [overlap|tests|kernels|tuning|fused|gemm|profile|demo|bench-a|bench-a-engine|
+# Usage: benchmarks/gpu_checks.sh [overlap|tests|kernels|tuning|fused|profile|demo|bench-a|bench-a-engine|
 #                                  bench-b|bench-c|telemetry|all]...
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +27,6 @@ if has tuning; then     # the decode kernel's launch settings at the engine's sh
 fi
 if has fused; then
   python3 benchmarks/fused_kernels.py --out "$OUT/fused.json" 2>&1 | tee "$OUT/fused.log"
-fi
-if has gemm; then       # decode-step GEMM shapes: separate vs merged projections, cuBLAS vs a Triton kernel
-  python3 benchmarks/gemm_shapes.py --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log"
 fi
 if has profile; then    # where a decode step's GPU time goes, with and without merged projections
   python3 benchmarks/decode_profile.py --out "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log"

@@ -1,6 +1,6 @@
-"""The fused RMSNorm, rotary and SiLU*up kernels give the eager transformers result (rotary: bit for bit; RMSNorm: bit for
-bit but for rare one-ulp flips of the normalized value), patch only the modules whose math they reproduce, leave
-greedy generation unchanged, and replay in CUDA graphs.
+"""The fused RMSNorm, rotary and SiLU*up kernels give the eager transformers result (rotary: bit for bit; RMSNorm
+and SiLU*up: bit for bit but for rare one-ulp flips of a rounded intermediate), patch only the modules whose math
+they reproduce, leave greedy generation unchanged, and replay in CUDA graphs.
 
 Without a GPU the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny shapes; with one, the
 `gpu`-marked tests run them compiled, on Llama-3-8B and Qwen3 shapes.
