@@ -71,6 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-blocks", type=int, default=4096)
     p.add_argument("--max-batch-tokens", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="eager decode steps (under CUPTI, a graph launched onto an idle GPU starts late: see (1))")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"subset of {','.join(SECTIONS)}")
     p.add_argument("--budget-s", type=float, default=210.0,
                    help="(2) starts no new pair past half of this many seconds since start")
@@ -135,7 +137,7 @@ class Workload:
         self.args = args
         config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode="async",
                               num_blocks=args.num_blocks, max_batch_tokens=args.max_batch_tokens,
-                              max_running=args.requests, seed=args.seed)
+                              max_running=args.requests, seed=args.seed, cuda_graphs=not args.no_cuda_graphs)
         self.engine = Engine(config)
         self.cuda = self.engine.device.type == "cuda"
         vocab = self.engine.info["vocab_size"]
