@@ -1,7 +1,7 @@
 """Where a decode step's GPU time goes: torch.profiler over steady decode steps, kernels grouped by kind.
 
     python benchmarks/decode_profile.py [--model llama3-8b-random] [--requests 32] [--prompt-tokens 256]
-        [--mode async] [--steps 30] [--out profile.json]
+        [--mode async] [--steps 30] [--merge-projections 0|1] [--out profile.json]
 
 The engine decodes `--requests` requests at once; once every request is decoding, the profiler records about
 `--steps` steps. Kernels are grouped by name into GEMM, attention, norm, rotary, activation, elementwise and
