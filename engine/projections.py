@@ -77,10 +77,7 @@ def _merged_mlp_forward(self, x):
     merged: MergedWeight = self.batchscope_merged
     gate_up = merged(x)
     split = merged.bounds[0][1]
-    hidden = None
-    if self.batchscope_silu:
-        from .fused import silu_mul
-        hidden = silu_mul(gate_up, split)
+    hidden = self.batchscope_silu(gate_up, split) if self.batchscope_silu else None
     if hidden is None:
         hidden = self.act_fn(gate_up[..., :split]) * gate_up[..., split:]
     return self.down_proj(hidden)
@@ -103,6 +100,9 @@ def merge_projections(model: nn.Module, fused_silu: bool = False) -> list[str]:
     """Merge q/k/v and gate/up weights in place; returns what was merged. `fused_silu`: run SiLU(gate) * up as
     one Triton kernel (CUDA tensors only; the eager ops otherwise). Idempotent."""
     merged: list[str] = []
+    silu_mul = None
+    if fused_silu:
+        from .fused import silu_mul    # lazy: Triton kernels compile only where they run
     for name, module in model.named_modules():
         if "forward" in module.__dict__:
             continue    # an instance-level forward (a hook wrapper, or already merged) is left alone
@@ -118,7 +118,7 @@ def merge_projections(model: nn.Module, fused_silu: bool = False) -> list[str]:
         if (isinstance(gate, nn.Module) and isinstance(up, nn.Module) and isinstance(down, nn.Module)
                 and _plain_linears(gate, up) and same_code(type(module).forward, _mlp_eager)):
             module.batchscope_merged = MergedWeight([gate, up])
-            module.batchscope_silu = fused_silu and _is_silu(getattr(module, "act_fn", None))
+            module.batchscope_silu = silu_mul if silu_mul and _is_silu(getattr(module, "act_fn", None)) else None
             module.forward = types.MethodType(_merged_mlp_forward, module)
             merged.append(f"{name} (gate/up)")
     return merged
