@@ -65,6 +65,7 @@ class ModelRunner:
         self.model, self.kv, self.device, self.kernel = model, kv, device, kernel
         self.max_blocks = max_blocks
         self.base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
         self.vocab = self.lm_head.weight.shape[0]
         self.block_size = kv.block_size
@@ -121,24 +122,28 @@ class ModelRunner:
         n64, n32, nf = batch.sizes
         # Clock anchor: an event on a stream that never holds work completes as soon as the device sees it, even
         # while other streams are busy, so (event, host time) pins the GPU clock to the host clock every step.
-        anchor = (ev.anchor, time.perf_counter_ns())
+        # The driver submits the record somewhere inside the call: its midpoint is the host time.
+        before = time.perf_counter_ns()
         ev.anchor.record(self.clock_stream)
+        anchor = (ev.anchor, (before + time.perf_counter_ns()) // 2)
+        # A start event on an idle stream completes at once, so everything between it and the first copy or
+        # kernel must be device-free and short: the views are cut before it, the copies follow it directly.
+        copies = [(slot.dev64[:n64], slot.host64[:n64]), (slot.dev32[:n32], slot.host32[:n32]),
+                  (slot.devf[:nf], slot.hostf[:nf])]
         with torch.cuda.stream(self.h2d_stream):
             if ev.used:
                 self.h2d_stream.wait_event(ev.compute_end)   # the previous step on this slot has read it
             ev.h2d_start.record()
-            slot.dev64[:n64].copy_(slot.host64[:n64], non_blocking=True)
-            slot.dev32[:n32].copy_(slot.host32[:n32], non_blocking=True)
-            slot.devf[:nf].copy_(slot.hostf[:nf], non_blocking=True)
+            for dev, host in copies:
+                dev.copy_(host, non_blocking=True)
             ev.h2d_end.record()
         prev_out = self.last_out
         with torch.cuda.stream(self.compute_stream):
             self.compute_stream.wait_event(ev.h2d_end)
             if ev.used:
                 self.compute_stream.wait_event(ev.d2h_end)   # out_tokens of this slot already copied out
-            ev.compute_start.record()
             ev.last_in_graph = False
-            self._compute(batch, prev_out)
+            self._compute(batch, prev_out, ev.compute_start)
             ev.compute_end.record()
         with torch.cuda.stream(self.d2h_stream):
             self.d2h_stream.wait_event(ev.compute_end)
@@ -149,12 +154,15 @@ class ModelRunner:
         self.last_out = slot.out_tokens
         return Launched(batch, ev, anchor)
 
-    def _compute(self, batch: Batch, prev_out: torch.Tensor | None) -> None:
-        """Runs on the compute stream: a graph replay for bucketed decode steps, else the eager forward."""
+    def _compute(self, batch: Batch, prev_out: torch.Tensor | None, start=None) -> None:
+        """Runs on the compute stream: a graph replay for bucketed decode steps, else the eager forward.
+        `start` (an event) is recorded just before the step's first kernel."""
         if batch.graph_bucket is None:
-            return self._forward(batch, prev_out)
+            return self._forward(batch, prev_out, start)
         key = (batch.slot.index, batch.graph_bucket, 2 if batch.any_filter else int(batch.any_random))
         graph = self.graphs.get(key) or self._capture(key, batch)
+        if start is not None:
+            start.record()
         graph.replay()
         self.events[batch.slot.index].last_in_graph = key in self.timed_graphs
 
@@ -200,13 +208,13 @@ class ModelRunner:
                     progress()
         torch.cuda.synchronize(self.device)
 
-    def _forward(self, batch: Batch, prev_out: torch.Tensor | None) -> None:
-        """Carry-over gather first, then the model forward and sampling."""
+    def _forward(self, batch: Batch, prev_out: torch.Tensor | None, start=None) -> None:
+        """Carry-over gather first, then the model forward and sampling. The host-side set-up (views, metadata)
+        comes before `start` is recorded, so the device is not counted busy while the host prepares."""
         input_ids = batch.view("input_ids")
-        if batch.num_carried or batch.graph_bucket is not None:
-            # Placeholders become the tokens sampled by the previous step, still on the device.
-            rows = batch.view("carry_rows")
-            input_ids = torch.where(rows >= 0, prev_out[rows.clamp(min=0)], input_ids)
+        carry = batch.num_carried or batch.graph_bucket is not None
+        rows = batch.view("carry_rows") if carry else None
+        positions = batch.view("positions")[None]
         B = batch.layout.B
         meta = AttentionMetadata(
             slot_mapping=batch.view("slot_mapping"),
@@ -221,7 +229,16 @@ class ModelRunner:
             kernel=self.kernel,
         )
         with torch.inference_mode():
-            hidden = self.base(input_ids=input_ids[None], position_ids=batch.view("positions")[None],
+            if start is not None:
+                start.record()
+            if carry:
+                # Placeholders become the tokens sampled by the previous step, still on the device.
+                input_ids = torch.where(rows >= 0, prev_out[rows.clamp(min=0)], input_ids)
+            # The embedding is looked up here, not inside the decoder, so the first kernels follow `start` at
+            # once: the decoder's own Python before its embedding (~0.3 ms for an eager 8B prefill) would
+            # otherwise count as compute while the device sits idle.
+            embeds = self.embed(input_ids[None])
+            hidden = self.base(inputs_embeds=embeds, position_ids=positions,
                                use_cache=False, batchscope=meta).last_hidden_state[0]
             S = batch.layout.S
             if S:

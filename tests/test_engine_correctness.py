@@ -36,6 +36,39 @@ def test_string_prompts_and_text(tiny_engine, tiny_reference):
     assert out.text == tiny_engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
 
 
+def test_compute_start_is_recorded_just_before_the_first_kernel(tiny_engine, monkeypatch):
+    """A step's compute_start event completes as soon as its stream reaches it, so nothing slow may sit between
+    it and the first kernel: the input views are cut before it, and the runner looks the embedding up itself
+    right after it (the decoder's own Python before its embedding would count as compute on an idle GPU)."""
+    from engine.batch import Batch
+
+    runner = tiny_engine._core.runner
+    order = []
+
+    class StartSpy:                                   # stands in for the CUDA event on CPU
+        def record(self):
+            order.append("start")
+
+    compute = runner._compute
+    monkeypatch.setattr(runner, "_compute", lambda batch, prev_out, start=None: compute(batch, prev_out, StartSpy()))
+    view = Batch.view
+    monkeypatch.setattr(Batch, "view", lambda self, name: order.append(f"view {name}") or view(self, name))
+    decoder_forward = runner.base.forward
+    monkeypatch.setattr(runner.base, "forward", lambda *a, **kw: order.append("decoder") or decoder_forward(*a, **kw))
+    hook = runner.embed.register_forward_pre_hook(lambda module, args: order.append("embedding"))
+    try:
+        out = tiny_engine.generate([[5, 6, 7, 8]], SamplingParams(max_new_tokens=3, ignore_eos=True))[0]
+    finally:
+        hook.remove()
+    assert len(out.token_ids) == 3
+    steps = [i for i, what in enumerate(order) if what == "start"]
+    assert len(steps) == 3                            # one prefill and two decode steps
+    for i in steps:
+        assert order[i + 1:i + 3] == ["embedding", "decoder"]
+        inputs = [what for what in order[max(0, i - 12):i] if what.startswith("view ")]
+        assert {"view input_ids", "view positions", "view slot_mapping", "view block_tables"} <= set(inputs)
+
+
 @pytest.fixture(scope="module")
 def qwen_engine(qwen3_checkpoint):
     path, _model, _eos = qwen3_checkpoint
