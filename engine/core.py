@@ -31,6 +31,7 @@ class Step:
     arrivals: list = field(default_factory=list)
     batch: object = None
     failed: bool = False
+    kv_blocks_used: int = 0          # right after this step's blocks were allocated: what it ran with
 
 
 class EngineCore:
@@ -50,7 +51,7 @@ class EngineCore:
         self.closing = False
         self._new_arrivals: list = []
         self._finished: list = []       # (id, reason, prompt, output) since the last trace
-        self._deferred: list = []       # sync-loop traces waiting for the next launch
+        self._deferred: list = []       # sync-loop steps whose traces wait for the next launch
 
     # -- control ------------------------------------------------------------------------------------------------
     def keep_running(self, mode: str) -> bool:
@@ -74,9 +75,9 @@ class EngineCore:
         self.notify(ModeChange(now(), self.step_counter, from_mode, to_mode))
 
     def flush_traces(self) -> None:
-        """Deliver the traces held back by the sync loop (see `_trace`)."""
+        """Build and deliver the traces held back by the sync loop (see `_trace`)."""
         while self._deferred:
-            self.notify(self._deferred.pop(0))
+            self.notify(self._build_trace(*self._deferred.pop(0)))
 
     def _drain_inbox(self) -> None:
         while True:
@@ -104,7 +105,8 @@ class EngineCore:
             return None
         self.step_counter += 1
         overlapped = in_flight.plan.step if in_flight else None
-        step = Step(plan, mode, built_during_step=overlapped, consumed_at_launch=overlapped)
+        step = Step(plan, mode, built_during_step=overlapped, consumed_at_launch=overlapped,
+                    kv_blocks_used=self.scheduler.allocator.num_used)
         step.arrivals, self._new_arrivals = self._new_arrivals, []
         t1 = now()
         try:
@@ -203,28 +205,28 @@ class EngineCore:
         finished, self._finished = self._finished, []
         if not self.observers:
             return
-        plan, la = step.plan, step.launched
-        batch = step.batch
+        held = (step, delivered, finished, error)
+        if step.mode == "sync" and error is None:
+            # In sync the GPU idles until the next launch, so the trace is built and delivered after it instead,
+            # hidden behind the device. Its events stay valid until the step after that reuses the slot.
+            self._deferred.append(held)
+        else:
+            self.flush_traces()
+            self.notify(self._build_trace(*held))
+
+    def _build_trace(self, step: Step, delivered, finished, error) -> StepTrace:
+        plan, la, batch = step.plan, step.launched, step.batch
         decode = sum(1 for s in plan.seqs if _is_decode(s))
-        prefill = plan.num_tokens - decode
-        alloc = self.scheduler.allocator
-        trace = StepTrace(
+        return StepTrace(
             step=plan.step, mode=step.mode, slot=plan.step % 2, request_ids=[s.req.id for s in plan.seqs],
-            prefill_tokens=prefill, decode_tokens=decode, sampled=len(plan.sampled),
+            prefill_tokens=plan.num_tokens - decode, decode_tokens=decode, sampled=len(plan.sampled),
             carried=batch.num_carried if batch is not None else 0,
-            kv_blocks_used=alloc.num_used, kv_blocks_total=alloc.num_blocks,
+            kv_blocks_used=step.kv_blocks_used, kv_blocks_total=self.scheduler.allocator.num_blocks,
             queue_depth=plan.queue_depth, running=plan.running, host=step.host,
             gpu_events=la.events.spans() if la is not None and la.events is not None else None,
             anchor=la.anchor if la is not None else None,
             built_during_step=step.built_during_step, consumed_at_launch=step.consumed_at_launch,
             arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted, error=error)
-        if step.mode == "sync" and error is None:
-            # In sync the GPU idles until the next launch: observers run after it instead, hidden behind the
-            # device. Its events stay valid until the step after that reuses the slot.
-            self._deferred.append(trace)
-        else:
-            self.flush_traces()
-            self.notify(trace)
 
 
 def _is_decode(seq) -> bool:

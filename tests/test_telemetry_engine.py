@@ -104,3 +104,30 @@ def test_a_live_viewer_sees_the_engine_switch():
         eng.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_traces_report_their_own_steps_kv_usage_and_sync_ones_wait_for_the_next_launch(mode):
+    """In sync a step's trace is built after the next step is launched (so observers run while the device
+    computes); in async the next step is built before this one is consumed. Either way a trace reports the KV
+    usage its own step ran with, not that of the step built since."""
+    eng = Engine(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode=mode, num_blocks=64,
+                              max_batch_tokens=64, block_size=16))
+    runner = eng._core.runner
+    launched = []
+    launch = runner.launch
+    runner.launch = lambda batch: launched.append(batch.plan.step) or launch(batch)
+    seen = []
+    eng.add_observer(lambda ev: seen.append((ev.step, ev.kv_blocks_used, len(launched)))
+                     if hasattr(ev, "kv_blocks_used") else None)
+    try:
+        out = eng.generate([list(range(3, 17))], SamplingParams(max_new_tokens=6, ignore_eos=True))[0]
+    finally:
+        eng.close()
+    assert len(out.token_ids) == 6
+    # 14 prompt tokens fill one 16-slot block; the decode of position 16 (the 4th step) takes a second block
+    assert [kv for _, kv, _ in seen] == [1, 1, 1, 2, 2, 2]
+    first = seen[0][0]
+    for step, _, launches in seen[:-1]:
+        # sync: delivered once step + 1 was launched; async: step + 1 was launched before step was consumed
+        assert launches == step - first + 2
