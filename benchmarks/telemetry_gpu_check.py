@@ -8,10 +8,17 @@
              kernels map to steps through their launching runtime call's correlation id (CUDA graph replays:
              every kernel of a graph shares the cudaGraphLaunch's id). Per step, the profiler's compute span
              [first start, last end of the step's work on the compute stream] is set against the step record's
-             compute span after one global clock offset (the median start difference).
-2. overhead  telemetry on vs off: alternating runs (off, on, ...) of a fixed workload; decode tokens/s from the
-             requests' own first-token and finish times (no observer needed), medians and the % change.
-3. idle      gpu_idle_before_us of decode steps in sync and async, idle time by cause, event busy %.
+             compute span after one global clock offset (the median start difference), and again after the
+             offset the two clocks predict (a perf_counter/wall-clock pair; it owes nothing to the spans). For
+             graph replays it also reports how long the host's cudaGraphLaunch call took and when the first
+             kernel ran: under CUPTI a graph launched onto an idle GPU (sync) runs its own start event at the
+             start of that call and its first kernel at its end.
+2. overhead  telemetry on vs off: runs in ABBA order (off, on, on, off, ...) of a fixed workload; decode tokens/s
+             from the requests' own first-token and finish times (no observer needed); the verdict is on the
+             median of each neighbouring pair's change.
+3. idle      gpu_idle_before_us of decode steps in sync and async, idle time by cause, event busy %, and the
+             decode compute span in each mode without a profiler (a graph's span must not depend on whether it
+             was launched onto an idle GPU).
 4. nvml      NVML gpu_util over each run of (3) beside the event-based busy % of the same window.
 
 Sections run in the order 2, 3+4, 1 (the profiler last, so its CUPTI state cannot touch the other timings); a
@@ -231,7 +238,8 @@ def section_overhead(ck: Check) -> dict:
     modes = [m.strip() for m in args.overhead_modes.split(",") if m.strip()]
     res = {"status": "ok",
            "workload": f"{args.requests} x {args.prompt_tokens} prompt x {args.overhead_tokens} new",
-           "metric": "decode tokens/s = (tokens - first tokens) / (last finish - last first token); medians",
+           "metric": "decode tokens/s = (tokens - first tokens) / (last finish - last first token); runs in "
+                     "ABBA order; verdict on the median of each pair's change (medians of each side beside it)",
            "note": "off = no Telemetry object at all (no observer, sampler or hub); the engine's CUDA events "
                    "are recorded either way", "modes": {}}
     for mode in modes:
@@ -257,7 +265,7 @@ def overhead_mode(ck: Check, mode: str, res: dict) -> dict:
         if pair and ck.elapsed() > args.budget_s / 2:
             res["budget_note"] = f"stopped after {pair} pairs in {mode} (time budget)"
             break
-        for on in (False, True):
+        for on in ((False, True) if pair % 2 == 0 else (True, False)):   # ABBA: a steady drift cancels
             tel = Telemetry(work.engine) if on else None
             try:
                 if tel:
@@ -280,15 +288,22 @@ def overhead_mode(ck: Check, mode: str, res: dict) -> dict:
     on = [r["decode_tok_s"] for r in runs if r["telemetry"]]
     off_med, on_med = float(np.median(off)), float(np.median(on))
     change = 100.0 * (on_med - off_med) / off_med
+    # each on-run against the off-run next to it: the host and the GPU clocks drift by several % over a minute,
+    # far more than telemetry's cost, and neighbours share most of that drift
+    pairs = [sorted(runs[i:i + 2], key=lambda r: not r["telemetry"]) for i in range(0, len(runs) - 1, 2)]
+    paired = [100.0 * (on_run["decode_tok_s"] - off_run["decode_tok_s"]) / off_run["decode_tok_s"]
+              for on_run, off_run in pairs]
+    paired_change = float(np.median(paired))
     return {
         "off_tok_s": rnd(off_med, 1), "on_tok_s": rnd(on_med, 1), "change_pct": rnd(change, 3),
+        "paired_change_pct": rnd(paired_change, 3), "paired_changes_pct": [rnd(v, 3) for v in paired],
         "off_spread_pct": rnd(100.0 * (max(off) - min(off)) / off_med, 3),
         "on_spread_pct": rnd(100.0 * (max(on) - min(on)) / on_med, 3),
         "off_wall_s": rnd(np.median([r["wall_s"] for r in runs if not r["telemetry"]]), 4),
         "on_wall_s": rnd(np.median([r["wall_s"] for r in runs if r["telemetry"]]), 4),
         "observer_us_mean": rnd(np.mean([r["observer_us_mean"] or 0 for r in runs if r["telemetry"]]), 1),
         "idle_telemetry_us_per_run": rnd(np.mean([r["idle_telemetry_us"] for r in runs if r["telemetry"]]), 1),
-        "pairs": len(off), "verdict": "PASS" if -change <= OVERHEAD_PCT else "FAIL", "runs": runs}
+        "pairs": len(off), "verdict": "PASS" if -paired_change <= OVERHEAD_PCT else "FAIL", "runs": runs}
 
 
 # ------------------------------------------------------------------------------------------------ (3) idle, (4) nvml
@@ -347,11 +362,17 @@ def section_idle(ck: Check) -> dict:
                                                                                   key=lambda kv: -kv[1])}
             if total else {},
             "idle_us_per_decode_step": rnd(total / len(dec), 1) if dec else None,
+            # without a profiler: a graph's span should not depend on whether it was launched onto an idle GPU
+            "compute_us": pcts([r["compute_us"][1] - r["compute_us"][0] for r in dec]),
+            "host_launch_us": pcts([r["cpu"]["launch"][1] - r["cpu"]["launch"][0] for r in dec]),
             "busy_pct_run": tl["summary"].get("busy_pct"),
             "busy_pct_decode": dsum.get("busy_pct"),
             "decode_ms_p50": dsum.get("decode_ms_p50"),
             "decode_tok_s": w["run"]["decode_tok_s"],
             "timeline": w["file"], "timeline_mb": w["file_mb"]}
+    spans = [res["modes"].get(m, {}).get("compute_us", {}).get("p50") for m in ("sync", "async")]
+    if None not in spans:
+        res["decode_compute_p50_sync_minus_async_us"] = rnd(spans[0] - spans[1], 1)
     a = res["modes"].get("async", {}).get("gpu_idle_before_us", {}).get("p50")
     s = res["modes"].get("sync", {}).get("gpu_idle_before_us", {}).get("p50")
     res["rule"] = f"async p50 <= {ASYNC_IDLE_US:g} us and sync p50 >= {SYNC_IDLE_US:g} us (decode steps)"
@@ -467,7 +488,7 @@ def load_profile(path: Path) -> dict:
         if cat == "user_annotation" and name.startswith(STEP_PREFIX):
             marks.append((ts, te, int(name[len(STEP_PREFIX):])))
         elif cat in RUNTIME_CATS:
-            runtime.append([ts, args.get("correlation"), key, name])
+            runtime.append([ts, args.get("correlation"), key, name, te])
         elif cat in DEVICE_CATS:
             device.append({"ts": ts, "te": te, "corr": args.get("correlation"), "key": key, "cat": cat,
                            "stream": args.get("stream", e.get("tid")), "name": name.lower()})
@@ -484,8 +505,8 @@ def load_profile(path: Path) -> dict:
     # counted (expected: none).
     marks.sort()
     starts = [m[0] for m in marks]
-    corr_step, graph_launches, outside = {}, Counter(), set()
-    for ts, corr, _, name in runtime:
+    corr_step, graph_launches, outside, launch_calls = {}, Counter(), set(), {}
+    for ts, corr, _, name, te in runtime:
         i = bisect.bisect_right(starts, ts) - 1
         if corr is None or i < 0:
             continue
@@ -494,6 +515,7 @@ def load_profile(path: Path) -> dict:
             outside.add(corr)
         if "graphlaunch" in name.lower():
             graph_launches[marks[i][2]] += 1
+            launch_calls[marks[i][2]] = [ts, te]
     mine = [(corr_step[d["corr"]], d) for d in device if d["corr"] in corr_step]
     streams = Counter(d["stream"] for _, d in mine if d["cat"] == "kernel")
     compute_stream = streams.most_common(1)[0][0] if streams else None
@@ -512,6 +534,9 @@ def load_profile(path: Path) -> dict:
         span = rec.get(phase)
         rec[phase] = [d["ts"], d["te"]] if span is None else [min(span[0], d["ts"]), max(span[1], d["te"])]
         rec["kernels"] += d["cat"] == "kernel"
+    for step, call in launch_calls.items():
+        if step in steps:
+            steps[step]["graph_launch_call"] = call
     return {"steps": steps, "marks": {m[2]: [m[0], m[1]] for m in marks}, "events": len(events),
             "annotations": len(marks), "runtime_calls": len(runtime), "device_events": len(device),
             "attributed_device_events": len(mine), "correlations_from_flows": from_flows,
@@ -521,9 +546,10 @@ def load_profile(path: Path) -> dict:
             "base_time_ns": data.get("baseTimeNanoseconds") if isinstance(data, dict) else None}
 
 
-def compare_spans(records: list, prof: dict, device: bool) -> dict:
-    """Per-step agreement after one global offset. device=False (CPU plumbing): the step annotation (the
-    wrapped launch) against the record's host launch span."""
+def compare_spans(records: list, prof: dict, device: bool, offset: float | None = None) -> dict:
+    """Per-step agreement after one global offset: the median start difference unless `offset` is given.
+    device=False (CPU plumbing): the step annotation (the wrapped launch) against the record's host launch
+    span."""
     recs = {r["step"]: r for r in records}
     pairs = {}
     for step, rec in recs.items():
@@ -538,7 +564,8 @@ def compare_spans(records: list, prof: dict, device: bool) -> dict:
             pairs[step] = (rec, tel, p)
     if not pairs:
         return {"matched": 0, "unmatched_records": len(recs)}
-    offset = float(np.median([t["compute"][0] - p["compute"][0] for _, t, p in pairs.values()]))
+    if offset is None:
+        offset = float(np.median([t["compute"][0] - p["compute"][0] for _, t, p in pairs.values()]))
     out = {"matched": len(pairs), "unmatched_records": len(recs) - len(pairs), "offset_us": rnd(offset),
            "kinds": dict(Counter("decode" if is_decode(r) else "prefill" for r, _, _ in pairs.values()))}
     per_step = []
@@ -591,6 +618,30 @@ def compare_spans(records: list, prof: dict, device: bool) -> dict:
     return out
 
 
+def brief(cmp: dict) -> dict:
+    """The compute rows of a comparison, per step kind."""
+    c = cmp.get("compute") or {}
+    return {"offset_us": cmp.get("offset_us"),
+            **{kind: {key: {"p50": c[kind][key].get("p50"), "p99": c[kind][key].get("p99"),
+                            "within_pct": c[kind][key].get("within_pct")} for key in ("start", "end", "duration")}
+               for kind in ("prefill", "decode") if kind in c}}
+
+
+def graph_launch_latency(prof: dict) -> dict:
+    """For graph-replayed steps: how long the host's cudaGraphLaunch call took, and when the graph's first
+    kernel started relative to that call. Under CUPTI a launch onto an idle GPU can run its first node (the
+    graph's own start event) long before its first kernel."""
+    call, after_start, after_end = [], [], []
+    for rec in prof["steps"].values():
+        if "graph_launch_call" in rec and "compute" in rec:
+            (c0, c1), k0 = rec["graph_launch_call"], rec["compute"][0]
+            call.append(c1 - c0)
+            after_start.append(k0 - c0)
+            after_end.append(k0 - c1)
+    return {"steps": len(call), "call_us": pcts(call), "first_kernel_after_call_start_us": pcts(after_start),
+            "first_kernel_after_call_end_us": pcts(after_end)}
+
+
 def section_profile(ck: Check) -> dict:
     res = {"status": "ok", "workload": f"{ck.args.requests} x {ck.args.prompt_tokens} prompt x "
                                        f"{ck.args.new_tokens} new",
@@ -632,6 +683,12 @@ def profile_mode(ck: Check, mode: str) -> dict:
             pair = (got["clock_pair_ns"] - got["origin_ns"] + prof["base_time_ns"]) / 1000.0
             row["offset_clock_pair_us"] = rnd(pair)
             row["offset_fit_minus_clock_pair_us"] = rnd(row["offset_us"] - pair)
+            if device:      # the same comparison on an offset that owes nothing to the spans themselves
+                row["by_clock_pair"] = brief(compare_spans(got["records"], prof, device, offset=pair))
+        if device:
+            row["graph_launch"] = graph_launch_latency(prof)
+        row["host_launch_us"] = pcts([r["cpu"]["launch"][1] - r["cpu"]["launch"][0] for r in got["records"]
+                                      if "launch" in r["cpu"]])
         if not device:
             why = ("no CUDA device: no kernels or CUDA events" if not work.cuda else
                    "no device work attributed to steps (see the trace counts)")
@@ -719,6 +776,18 @@ def report(ck: Check) -> str:
                 lines.append(f"      |d gap    | {_d(g['delta'])} | within {g['delta'].get('within_pct')}% | "
                              f"signed mean {g['mean_signed']} | idle p50 telemetry {g['telemetry_us']['p50']} "
                              f"profiler {g['profiler_us']['p50']} us")
+                for kind, k in (m.get("by_clock_pair") or {}).items():
+                    if kind != "offset_us":
+                        lines.append(f"      by clock pair, {kind:<7}: |dstart| p50 {k['start']['p50']} p99 "
+                                     f"{k['start']['p99']} | |dend| p50 {k['end']['p50']} p99 {k['end']['p99']} "
+                                     f"| within {LIMIT_US:g}us start {k['start']['within_pct']}% "
+                                     f"end {k['end']['within_pct']}%")
+                gl = m.get("graph_launch") or {}
+                if gl.get("steps"):
+                    lines.append(f"      graph launches ({gl['steps']}): call p50 {gl['call_us']['p50']} us; "
+                                 f"first kernel after call start p50 {gl['first_kernel_after_call_start_us']['p50']}"
+                                 f", after call end p50 {gl['first_kernel_after_call_end_us']['p50']} us | "
+                                 f"host launch span p50 {m['host_launch_us']['p50']} us")
                 for phase in ("h2d", "d2h"):
                     if phase in m:
                         lines.append(f"      {phase}: |dstart| {_d(m[phase]['start'])}; |dend| {_d(m[phase]['end'])}")
@@ -736,8 +805,9 @@ def report(ck: Check) -> str:
             if m.get("verdict") == "ERROR":
                 lines.append(f"    {mode}: ERROR {m['error']} (traceback in the JSON)")
                 continue
-            lines.append(f"    {mode}: off {m['off_tok_s']} on {m['on_tok_s']} tok/s -> {m['change_pct']:+.2f}% "
-                         f"[{m['verdict']}] | spread off {m['off_spread_pct']}% on {m['on_spread_pct']}% | "
+            lines.append(f"    {mode}: paired change {m['paired_change_pct']:+.2f}% [{m['verdict']}] | medians off "
+                         f"{m['off_tok_s']} on {m['on_tok_s']} tok/s ({m['change_pct']:+.2f}%) | "
+                         f"spread off {m['off_spread_pct']}% on {m['on_spread_pct']}% | "
                          f"{m['pairs']} pairs | observer {m['observer_us_mean']} us/step, "
                          f"idle blamed on telemetry {m['idle_telemetry_us_per_run']} us/run")
 
@@ -751,6 +821,11 @@ def report(ck: Check) -> str:
                          f"({m['decode_steps']} steps) | busy run {m['busy_pct_run']}% "
                          f"decode {m['busy_pct_decode']}% | {m['decode_ms_p50']} ms/step | "
                          f"idle by cause: {causes or 'none'}")
+            lines.append(f"           decode compute span p50 {m['compute_us']['p50']} us, host launch p50 "
+                         f"{m['host_launch_us']['p50']} us")
+        if "decode_compute_p50_sync_minus_async_us" in s:
+            lines.append(f"    decode compute span, sync minus async (no profiler): "
+                         f"{s['decode_compute_p50_sync_minus_async_us']} us at p50")
 
     s = head(4, "nvml", "NVML gpu_util vs event busy %")
     if s:
