@@ -2,7 +2,7 @@
 # One pass over everything that needs a CUDA device: the gpu-marked tests, the attention kernel check and
 # timings, and the engine benchmark against transformers. Logs and JSON land in $OUT (default ./out).
 # Usage: benchmarks/gpu_checks.sh [overlap|tests|kernels|tuning|fused|profile|demo|bench-a|bench-a-engine|
-#                                  bench-b|bench-c|telemetry|all]...
+#                                  bench-b|bench-c|telemetry|telemetry-sync|all]...
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -46,7 +46,14 @@ if has bench-a-engine; then   # (a) without the baseline: batchscope's two modes
     2>&1 | tee "$OUT/bench_a_engine.log"
 fi
 if has telemetry; then  # event spans vs torch.profiler, idle gaps per mode, NVML beside event busy %
-  python3 benchmarks/telemetry_gpu_check.py 2>&1 | tee "$OUT/telemetry_check.log"
+  python3 benchmarks/telemetry_gpu_check.py --pairs 12 --overhead-tokens 384 --window-tokens 384 --budget-s 520 \
+    --out "$OUT" 2>&1 | tee "$OUT/telemetry_check.log"
+fi
+if has telemetry-sync; then  # telemetry's cost in sync mode: many short ABBA pairs, then part by part
+  python3 benchmarks/telemetry_gpu_check.py --sections overhead --overhead-modes sync --pairs 30 \
+    --overhead-tokens 128 --budget-s 280 --out "$OUT/sync_pairs" 2>&1 | tee "$OUT/telemetry_sync_pairs.log"
+  python3 benchmarks/telemetry_overhead_probe.py --rounds 6 --variants off,on --out "$OUT/telemetry_probe.json" \
+    2>&1 | tee "$OUT/telemetry_probe.log"
 fi
 if has bench-b; then   # (b) the seed workload: 8192 new tokens per request
   $BENCH --new-tokens 8192 --modes sync,async --out "$OUT/bench_b.json" --no-progress 2>&1 | tee "$OUT/bench_b.log"
