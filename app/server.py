@@ -301,7 +301,8 @@ class GenerateBody(Body):
     seed: int | None = None
     ignore_eos: bool = False
     stop: list[str] | str | None = None
-    chat: bool = False                  # wrap the prompt as one user message through the chat template
+    chat: bool | None = None            # wrap text as one user message through the chat template (None: when
+                                        # the model has one; token ids are never wrapped). false: raw text
     stream: bool = False                # SSE of text deltas
 
 

@@ -148,8 +148,14 @@ class AppState:
         return {"mode": mode, "previous": previous}
 
     # ------------------------------------------------------------------------------------------- generating
-    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
-        """Token ids of a prompt (chat=True wraps it as one user message), checked against the limits."""
+    def encode(self, prompt: str | list[int], chat: bool | None = False) -> list[int]:
+        """Token ids of a prompt, checked against the limits. chat=True wraps it as one user message through the
+        chat template; chat=None does so for text when the model has a template (an instruct model given raw
+        text often ends its answer at once), and never for token ids."""
+        if prompt == "":
+            raise ValueError("prompt is empty")
+        if chat is None:
+            chat = isinstance(prompt, str) and bool(getattr(self._need_engine().tokenizer, "chat_template", None))
         if chat:
             if not isinstance(prompt, str):
                 raise ValueError("a chat prompt must be text")

@@ -115,9 +115,17 @@ def test_generate_stream_matches_the_whole_answer(client):
 
 
 def test_generate_chat_uses_the_template(client, served):
-    r = client.post("/api/generate", json={"prompt": "hi", "chat": True, "max_new_tokens": 2, "ignore_eos": True})
-    plain = client.post("/api/generate", json={"prompt": "hi", "max_new_tokens": 2, "ignore_eos": True})
-    assert r.json()["prompt_tokens"] > plain.json()["prompt_tokens"]
+    """Text goes through the chat template unless the caller asks for raw text; token ids are never wrapped."""
+    _, state = served
+    body = {"prompt": "hi", "max_new_tokens": 2, "ignore_eos": True}
+    chat = client.post("/api/generate", json={**body, "chat": True}).json()
+    raw = client.post("/api/generate", json={**body, "chat": False}).json()
+    default = client.post("/api/generate", json=body).json()
+    assert chat["prompt_tokens"] > raw["prompt_tokens"]
+    assert default["prompt_tokens"] == chat["prompt_tokens"]
+    ids = state.encode("hi", chat=False)
+    as_ids = client.post("/api/generate", json={**body, "prompt": ids}).json()
+    assert as_ids["prompt_tokens"] == len(ids) == raw["prompt_tokens"]
 
 
 def test_generate_stream_for_the_ui_accumulates(served):
