@@ -20,6 +20,7 @@ import torch
 from .attention import AttentionMetadata
 from .batch import Batch, IoSlot, fill_slot
 from .kv_cache import KVCache
+from .patching import embeds_only
 from .sampler import sample
 from .scheduler import StepPlan
 
@@ -65,7 +66,8 @@ class ModelRunner:
         self.model, self.kv, self.device, self.kernel = model, kv, device, kernel
         self.max_blocks = max_blocks
         self.base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        self.embed = model.get_input_embeddings()
+        # Where the decoder only looks its ids up, the runner does the lookup itself (see _forward)
+        self.embed = self.base.embed_tokens if embeds_only(self.base) else None
         self.lm_head = model.get_output_embeddings()
         self.vocab = self.lm_head.weight.shape[0]
         self.block_size = kv.block_size
@@ -234,12 +236,14 @@ class ModelRunner:
             if carry:
                 # Placeholders become the tokens sampled by the previous step, still on the device.
                 input_ids = torch.where(rows >= 0, prev_out[rows.clamp(min=0)], input_ids)
-            # The embedding is looked up here, not inside the decoder, so the first kernels follow `start` at
-            # once: the decoder's own Python before its embedding (~0.3 ms for an eager 8B prefill) would
-            # otherwise count as compute while the device sits idle.
-            embeds = self.embed(input_ids[None])
-            hidden = self.base(inputs_embeds=embeds, position_ids=positions,
-                               use_cache=False, batchscope=meta).last_hidden_state[0]
+            # Looking the embedding up here puts the first kernel right after `start`, where the profiler sees
+            # the step begin; inside the decoder it would follow its own Python (~0.3 ms for an eager 8B
+            # prefill). That Python still runs on an idle device, now inside the span: a span cannot see the
+            # host gaps between an eager step's kernels.
+            ids = input_ids[None]
+            inputs = {"inputs_embeds": self.embed(ids)} if self.embed is not None else {"input_ids": ids}
+            hidden = self.base(**inputs, position_ids=positions, use_cache=False,
+                               batchscope=meta).last_hidden_state[0]
             S = batch.layout.S
             if S:
                 logits = self.lm_head(hidden.index_select(0, batch.view("sample_idx")))

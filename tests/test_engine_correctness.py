@@ -53,13 +53,14 @@ def test_compute_start_is_recorded_just_before_the_first_kernel(tiny_engine, mon
     monkeypatch.setattr(runner, "_compute", lambda batch, prev_out, start=None: compute(batch, prev_out, StartSpy()))
     view = Batch.view
     monkeypatch.setattr(Batch, "view", lambda self, name: order.append(f"view {name}") or view(self, name))
-    decoder_forward = runner.base.forward
-    monkeypatch.setattr(runner.base, "forward", lambda *a, **kw: order.append("decoder") or decoder_forward(*a, **kw))
-    hook = runner.embed.register_forward_pre_hook(lambda module, args: order.append("embedding"))
+    assert runner.embed is runner.base.embed_tokens           # a Llama decoder only looks its ids up
+    hooks = [runner.base.register_forward_pre_hook(lambda module, args: order.append("decoder")),
+             runner.embed.register_forward_pre_hook(lambda module, args: order.append("embedding"))]
     try:
         out = tiny_engine.generate([[5, 6, 7, 8]], SamplingParams(max_new_tokens=3, ignore_eos=True))[0]
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     assert len(out.token_ids) == 3
     steps = [i for i, what in enumerate(order) if what == "start"]
     assert len(steps) == 3                            # one prefill and two decode steps
@@ -67,6 +68,47 @@ def test_compute_start_is_recorded_just_before_the_first_kernel(tiny_engine, mon
         assert order[i + 1:i + 3] == ["embedding", "decoder"]
         inputs = [what for what in order[max(0, i - 12):i] if what.startswith("view ")]
         assert {"view input_ids", "view positions", "view slot_mapping", "view block_tables"} <= set(inputs)
+
+
+class ScaledLookupDecoder(torch.nn.Module):
+    """Scales its lookup on the input_ids path only (as Falcon-H1 does): embeddings from outside would differ."""
+
+    def forward(self, input_ids=None, inputs_embeds=None):
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("exactly one")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids) * 2.0
+        return inputs_embeds
+
+
+class PerLayerIdsDecoder(torch.nn.Module):
+    """Derives more than the embedding from its ids (as Gemma3n's per-layer inputs do)."""
+
+    def forward(self, input_ids=None, inputs_embeds=None):
+        if input_ids is not None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        return inputs_embeds + self.per_layer(input_ids)
+
+
+def test_the_runner_looks_embeddings_up_only_for_decoders_that_do_nothing_else_with_the_ids(tiny_engine):
+    from engine.patching import embeds_only
+
+    assert embeds_only(tiny_engine._core.runner.base)
+    for cls in (ScaledLookupDecoder, PerLayerIdsDecoder):
+        decoder = cls()
+        decoder.embed_tokens = torch.nn.Embedding(4, 2)
+        assert not embeds_only(decoder), cls.__name__
+    assert not embeds_only(torch.nn.Linear(2, 2))               # no embed_tokens at all
+    # the other path (the decoder embeds its own ids) gives the same tokens
+    runner = tiny_engine._core.runner
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    prompts = random_prompts(3, 49152, 4, 20, seed=3)
+    looked_up = [o.token_ids for o in tiny_engine.generate(prompts, params)]
+    embed, runner.embed = runner.embed, None
+    try:
+        assert [o.token_ids for o in tiny_engine.generate(prompts, params)] == looked_up
+    finally:
+        runner.embed = embed
 
 
 @pytest.fixture(scope="module")
