@@ -152,15 +152,15 @@ class AppState:
         """Token ids of a prompt, checked against the limits. chat=True wraps it as one user message through the
         chat template; chat=None does so for text when the model has a template (an instruct model given raw
         text often ends its answer at once), and never for token ids."""
+        eng = self._need_engine()
         if prompt == "":
             raise ValueError("prompt is empty")
         if chat is None:
-            chat = isinstance(prompt, str) and bool(getattr(self._need_engine().tokenizer, "chat_template", None))
+            chat = isinstance(prompt, str) and bool(getattr(eng.tokenizer, "chat_template", None))
         if chat:
             if not isinstance(prompt, str):
                 raise ValueError("a chat prompt must be text")
             return self.encode_messages([{"role": "user", "content": prompt}])
-        eng = self._need_engine()
         if isinstance(prompt, str):
             self._check_chars(prompt)
             ids = eng.tokenizer.encode(prompt, add_special_tokens=False)

@@ -77,7 +77,12 @@ class EngineCore:
     def flush_traces(self) -> None:
         """Build and deliver the traces held back by the sync loop (see `_trace`)."""
         while self._deferred:
-            self.notify(self._build_trace(*self._deferred.pop(0)))
+            try:
+                trace = self._build_trace(*self._deferred.pop(0))
+            except Exception:               # telemetry must never stop a launched step from being consumed
+                traceback.print_exc()
+                continue
+            self.notify(trace)
 
     def _drain_inbox(self) -> None:
         while True:
