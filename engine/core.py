@@ -210,14 +210,11 @@ class EngineCore:
         finished, self._finished = self._finished, []
         if not self.observers:
             return
-        held = (step, delivered, finished, error)
-        if step.mode == "sync" and error is None:
-            # In sync the GPU idles until the next launch, so the trace is built and delivered after it instead,
-            # hidden behind the device. Its events stay valid until the step after that reuses the slot.
-            self._deferred.append(held)
-        else:
+        self._deferred.append((step, delivered, finished, error))
+        # In sync the GPU idles until the next launch, so the trace is built and delivered after it instead,
+        # hidden behind the device. Its events stay valid until the step after that reuses the slot.
+        if step.mode != "sync" or error is not None:
             self.flush_traces()
-            self.notify(self._build_trace(*held))
 
     def _build_trace(self, step: Step, delivered, finished, error) -> StepTrace:
         plan, la, batch = step.plan, step.launched, step.batch
