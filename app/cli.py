@@ -7,7 +7,8 @@ import sys
 import threading
 import time
 
-from engine.config import DTYPES, MODES
+from batchscope import __version__
+from batchscope.engine.config import DTYPES, MODES
 
 from .bench import positive_int
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="batchscope", description="An oscilloscope for LLM continuous batching.")
+    p.add_argument("--version", action="version", version=f"batchscope {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="load a model and serve the UI, the JSON and OpenAI routes and the telemetry")
@@ -81,7 +83,7 @@ def _say(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------- commands
 
 def cmd_serve(args) -> int:
-    from engine.config import EngineConfig
+    from batchscope.engine.config import EngineConfig
 
     from .loadgen import Limits
     from .server import check_bind
@@ -106,7 +108,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from telemetry import TimelineError
+    from batchscope.telemetry import TimelineError
 
     from .server import check_bind
     from .state import AppState

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.config import SamplingParams
+from batchscope.engine.config import SamplingParams
 
 ARRIVALS = ("burst", "poisson", "gamma")
 

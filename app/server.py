@@ -20,6 +20,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from http.cookies import SimpleCookie
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, AsyncIterator, Literal
 from urllib.parse import parse_qs
@@ -35,13 +36,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import HTTPConnection
 
-from telemetry import TimelineError
-from telemetry.hub import SubscriptionClosed
+from batchscope.telemetry import TimelineError
+from batchscope.telemetry.hub import SubscriptionClosed
 
 from .loadgen import BusyError
 from .state import AppState, NoEngineError, NotFoundError
 
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+ASSETS_DIR = Path(str(resources.files("batchscope.assets")))   # package data, wherever it was installed
 TOKEN_COOKIE = "batchscope_token"
 MAX_BODY_BYTES = 8 << 20            # JSON requests
 MAX_REPLAY_BYTES = 200 << 20        # an uploaded timeline

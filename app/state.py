@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from engine.config import MODES, EngineConfig, SamplingParams
-from telemetry.nvml import BUSY_NOTE
+from batchscope.engine.config import MODES, EngineConfig, SamplingParams
+from batchscope.telemetry.nvml import BUSY_NOTE
 
 from .loadgen import BurstManager, BusyError, Limits
 
@@ -52,8 +52,8 @@ class AppState:
     @classmethod
     def load(cls, config: EngineConfig, limits: Limits | None = None, nvml_hz: float = 20.0) -> "AppState":
         """Load the model, start the engine and its telemetry."""
-        from engine import Engine
-        from telemetry import Telemetry
+        from batchscope.engine import Engine
+        from batchscope.telemetry import Telemetry
 
         engine = Engine(config)
         try:
@@ -67,7 +67,7 @@ class AppState:
     @classmethod
     def from_replay_file(cls, path: str | Path, limits: Limits | None = None) -> "AppState":
         """Replay-only: no model, the UI shows a recorded timeline. Raises TimelineError if the file is bad."""
-        from telemetry import load_timeline
+        from batchscope.telemetry import load_timeline
 
         return cls(limits=limits, replay=load_timeline(path))
 
@@ -298,7 +298,7 @@ class AppState:
         return self.telemetry.timeline(recording=recording)
 
     def perfetto(self, recording: str | None = None) -> dict:
-        from telemetry import to_perfetto
+        from batchscope.telemetry import to_perfetto
 
         return to_perfetto(self.timeline(recording))
 
@@ -346,7 +346,7 @@ class AppState:
     def load_replay(self, obj) -> dict:
         """Validate a timeline and keep it for the UI's replay view. `obj`: a dict, JSON bytes, or a str (JSON
         text or a file path, e.g. a Gradio upload). Raises telemetry.TimelineError saying where and why."""
-        from telemetry import load_timeline
+        from batchscope.telemetry import load_timeline
 
         self.replay = load_timeline(obj)
         return {"loaded": True, "steps": len(self.replay.get("steps", [])),

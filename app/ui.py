@@ -13,19 +13,20 @@ from __future__ import annotations
 import html
 import os
 import time
-from pathlib import Path
+from importlib import resources
+
 from typing import Any
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402  (the environment variable must be set before the import)
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = resources.files("batchscope.assets")
 
 # Served by the app: assets/ at /batchscope-static/ (Gradio keeps /static and /assets for itself), plotly.js from the plotly package. Nothing comes from outside.
 HEAD = ('<script src="/batchscope-static/plotly.min.js"></script>\n'
         '<script src="/batchscope-static/timeline.js"></script>')
-CSS = (ASSETS / "style.css").read_text(encoding="utf-8") if (ASSETS / "style.css").exists() else ""
+CSS = (ASSETS / "style.css").read_text(encoding="utf-8")
 
 # System fonts only: a page that loads no font files starts faster and never reaches outside.
 # Small spacing and text: a dashboard, dense enough that the controls and results fit beside the charts.

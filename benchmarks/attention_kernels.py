@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
-from engine import attention_triton as at  # noqa: E402
-from engine.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
+from batchscope.engine import attention_triton as at  # noqa: E402
+from batchscope.engine.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
 
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 DEV = "cuda"

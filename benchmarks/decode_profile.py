@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from batchscope.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 
 GROUPS = (   # first match wins; names of cuBLAS/cutlass GEMMs, Triton kernels of engine/, torch's own kernels
     ("gemm", ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet", "splitkreduce", "splitk")),

@@ -10,8 +10,8 @@ import json
 import random
 import time
 
-from engine import Engine, EngineConfig, SamplingParams
-from telemetry import Telemetry
+from batchscope.engine import Engine, EngineConfig, SamplingParams
+from batchscope.telemetry import Telemetry
 
 
 def main() -> None:

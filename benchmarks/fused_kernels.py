@@ -30,7 +30,7 @@ from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
-from engine import fused  # noqa: E402
+from batchscope.engine import fused  # noqa: E402
 
 DEV = "cuda"
 eager_rotary = modeling_llama.apply_rotary_pos_emb   # read before anything could patch it

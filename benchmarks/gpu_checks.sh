@@ -36,7 +36,7 @@ fi
 if has demo; then      # a timeline with live switches, for `batchscope replay` and the README screenshot
   python3 benchmarks/demo_timeline.py --out "$OUT/demo.timeline.json" 2>&1 | tee "$OUT/demo.log"
 fi
-BENCH="python3 -m app.bench --model llama3-8b-random --device cuda --requests 32 --prompt-tokens 256"
+BENCH="python3 -m batchscope.app.bench --model llama3-8b-random --device cuda --requests 32 --prompt-tokens 256"
 if has bench-a; then   # (a) the issue's workload, side by side with transformers' continuous batching
   $BENCH --new-tokens 512 --modes sync,async --baseline transformers --out "$OUT/bench_a.json" --no-progress \
     2>&1 | tee "$OUT/bench_a.log"

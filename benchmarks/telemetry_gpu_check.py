@@ -47,8 +47,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import Engine, EngineConfig, SamplingParams
-from telemetry import Telemetry, summarize
+from batchscope.engine import Engine, EngineConfig, SamplingParams
+from batchscope.telemetry import Telemetry, summarize
 
 LIMIT_US = 20.0              # criterion 1: spans agree within 20 µs (p99)
 OVERHEAD_PCT = 1.0           # criterion 2: telemetry costs at most 1% of decode throughput

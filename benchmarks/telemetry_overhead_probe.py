@@ -33,8 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from telemetry import Telemetry  # noqa: E402
+from batchscope.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from batchscope.telemetry import Telemetry  # noqa: E402
 
 VARIANTS = ("off", "on", "bare_observer", "recorder_only", "no_sampler", "sampler_no_psutil", "sampler_no_nvml",
             "on_worker", "on_gc_off", "off_gc_off")
@@ -137,7 +137,7 @@ def nvml_call_timings(device: str, n: int = 200) -> dict:
     """Median and worst µs of each call the sampler makes."""
     import psutil
 
-    from telemetry.nvml import Sampler
+    from batchscope.telemetry.nvml import Sampler
     sampler = Sampler(lambda sample: None, lambda: 0.0, device, use_nvml=device.startswith("cuda"))
     calls = {"sample_once": sampler.sample_once, "psutil.cpu_percent": lambda: psutil.cpu_percent(None)}
     if sampler.nvml:

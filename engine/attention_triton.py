@@ -134,7 +134,9 @@ def _decode_split_kernel(
     head = kvh * G + g
     row_ok = g < G
     q_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
-    qv = tl.load(q + row * stride_qt + head[:, None] * stride_qh + d[None, :], mask=q_mask & has_work, other=0.0)
+    # Scalar conditions join a block mask through tl.where, not `&`: Triton 3.9's interpreter gives `block & scalar`
+    # an int8 mask, which loads and stores reject.
+    qv = tl.load(q + row * stride_qt + head[:, None] * stride_qh + d[None, :], mask=tl.where(has_work, q_mask, False), other=0.0)
 
     acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
     m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
@@ -152,16 +154,16 @@ def _decode_split_kernel(
     if DIRECT_OUT:
         # One split: the partial is the answer.
         tl.store(out + row * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
-                 mask=q_mask & has_query)
+                 mask=tl.where(has_query, q_mask, False))
     else:
         # An empty split stores only lse = -inf, which the merge reads as weight 0 (it skips that output slot).
         part = (b * NUM_HEADS + head) * num_splits + split
         tl.store(part_lse + part, tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
         if single:
             tl.store(out + row * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
-                     mask=q_mask & has_query & has_work)
+                     mask=tl.where(has_query & has_work, q_mask, False))
         else:
-            tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask & has_work)
+            tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=tl.where(has_work, q_mask, False))
 
 
 @triton.jit(do_not_specialize=["query_start_loc", "num_splits"])
@@ -179,7 +181,7 @@ def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, num_splits, s
     live = lse > float("-inf")
     # One live partial: the split kernel already wrote this row's output (see `single` there).
     merge = tl.sum(live.to(tl.int32), 0) > 1
-    live = live & merge
+    live = tl.where(merge, live, False)
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)
@@ -190,7 +192,7 @@ def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, num_splits, s
     total = tl.where(total > 0, total, 1.0)
     res = tl.sum(o * w[:, None], 0) / total
     tl.store(out + row * stride_ot + h * stride_oh + d, res.to(out.dtype.element_ty),
-             mask=(d < HEAD_DIM) & has_query & merge)
+             mask=tl.where(has_query & merge, d < HEAD_DIM, False))
 
 
 # --------------------------------------------------------------------------------------------------------------

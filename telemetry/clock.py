@@ -21,7 +21,7 @@ re-recorded two steps later, so no reference to them is kept.
 """
 from __future__ import annotations
 
-from engine.trace import GPU_PHASES
+from batchscope.engine.trace import GPU_PHASES
 
 
 class EventClock:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from engine.trace import HOST_PHASES
+from batchscope.engine.trace import HOST_PHASES
 
 _LABELS = frozenset(HOST_PHASES + ("telemetry",))
 

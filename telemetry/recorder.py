@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from engine.trace import ModeChange, StepTrace
+from batchscope.engine.trace import ModeChange, StepTrace
 
 from .clock import EventClock
 from .idle import IdleAttributor

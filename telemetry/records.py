@@ -10,7 +10,7 @@ launch there), marked `compute_basis: "host"`.
 """
 from __future__ import annotations
 
-from engine.trace import GPU_PHASES, HOST_PHASES  # noqa: F401 (the phase names are part of the record schema)
+from batchscope.engine.trace import GPU_PHASES, HOST_PHASES  # noqa: F401 (the phase names are part of the record schema)
 
 SCHEMA_ID = "batchscope.timeline/1"
 

@@ -1,5 +1,5 @@
 """The JSON Schema of `batchscope.timeline/1`. docs/timeline.schema.json is this dict, written out by
-`python -m telemetry.schema` (a test keeps the two identical)."""
+`python -m batchscope.telemetry.schema` (a test keeps the two identical)."""
 from __future__ import annotations
 
 import json

@@ -16,8 +16,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.trace import ModeChange, StepTrace
+from batchscope.engine.config import EngineConfig
+from batchscope.engine.trace import ModeChange, StepTrace
 
 
 class FakeEvent:

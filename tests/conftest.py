@@ -11,8 +11,8 @@ import torch
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from engine import EngineConfig  # noqa: E402
-from engine.models import load_model  # noqa: E402
+from batchscope.engine import EngineConfig  # noqa: E402
+from batchscope.engine.models import load_model  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 

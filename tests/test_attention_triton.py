@@ -19,8 +19,8 @@ if not HAS_CUDA:
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
 from conftest import compile_for_hopper  # noqa: E402
-from engine import attention_triton as at  # noqa: E402
-from engine.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
+from batchscope.engine import attention_triton as at  # noqa: E402
+from batchscope.engine.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
 
 # The interpreter must have been on when the kernels were decorated (this module is normally the first importer).
 INTERPRETED = type(at._prefill_kernel).__name__ == "InterpretedFunction"
@@ -160,7 +160,7 @@ def test_sliding_window_in_interpreter(dtype):
 @interp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kv_write_kernel_matches_index_copy(dtype):
-    from engine.attention import write_kv
+    from batchscope.engine.attention import write_kv
 
     gen = torch.Generator().manual_seed(5)
     caches = [torch.randn(2, 9, 16, 3, 64, generator=gen).to(dtype)]     # [K/V, blocks, block_size, heads, D]
@@ -212,8 +212,8 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
-from engine import attention_triton as at
-from engine.attention import AttentionMetadata
+from batchscope.engine import attention_triton as at
+from batchscope.engine.attention import AttentionMetadata
 
 launches = []
 

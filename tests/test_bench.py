@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app import bench
-from telemetry import validate_timeline
+from batchscope.app import bench
+from batchscope.telemetry import validate_timeline
 
 REQUESTS, PROMPT, NEW = 4, 16, 8
 CPU_ARGS = ["--model", "tiny-random", "--device", "cpu", "--requests", str(REQUESTS), "--prompt-tokens", str(PROMPT),
@@ -20,7 +20,7 @@ CPU_ARGS = ["--model", "tiny-random", "--device", "cpu", "--requests", str(REQUE
 
 @pytest.fixture(scope="module")
 def cpu_bench(tmp_path_factory):
-    """The CI shape, with the transformers baseline, through the standalone parser (`python -m app.bench`)."""
+    """The CI shape, with the transformers baseline, through the standalone parser (`python -m batchscope.app.bench`)."""
     out = tmp_path_factory.mktemp("bench") / "b.json"
     rc = bench.main(CPU_ARGS + ["--baseline", "transformers", "--out", str(out)])
     return rc, out, json.loads(out.read_text())
@@ -141,7 +141,7 @@ def test_bad_workload_is_refused_plainly(tmp_path, capsys):
 
 def test_bench_imports_no_server_packages():
     # the GPU box has no gradio, fastapi, uvicorn, plotly or websockets
-    code = ("import sys, app.bench, telemetry; "
+    code = ("import sys, batchscope.app.bench, batchscope.telemetry; "
             "bad = [m for m in ('gradio', 'fastapi', 'uvicorn', 'plotly', 'websockets') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -23,11 +23,11 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from app.loadgen import Limits  # noqa: E402
-from app.server import ServerThread, create_app  # noqa: E402
-from app.state import AppState  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from telemetry import SCHEMA_ID, validate_timeline  # noqa: E402
+from batchscope.app.loadgen import Limits  # noqa: E402
+from batchscope.app.server import ServerThread, create_app  # noqa: E402
+from batchscope.app.state import AppState  # noqa: E402
+from batchscope.engine.config import EngineConfig  # noqa: E402
+from batchscope.telemetry import SCHEMA_ID, validate_timeline  # noqa: E402
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
         "--no-first-run", "--disable-component-update", "--disable-sync"]
@@ -259,8 +259,8 @@ def test_live_page_story(server, browser, tmp_path):
 def synthetic_gpu_timeline() -> dict:
     """A GPU-shaped recording without a GPU: telemetry's synthetic engine (CUDA-like events on a virtual clock),
     sync, then async, then sync again, so the H2D/compute/D2H lanes and the idle gaps have something to show."""
-    from telemetry import Telemetry
-    from telemetry.synthetic import SyntheticEngine
+    from batchscope.telemetry import Telemetry
+    from batchscope.telemetry.synthetic import SyntheticEngine
 
     eng = SyntheticEngine(gpu=True, mode="sync", seed=1, host_scale=6)
     tel = Telemetry(eng, nvml_hz=5)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import generate_in_mode, random_prompts, reference_generate
-from engine import Engine, EngineConfig, SamplingParams
-from engine.attention import AttentionMetadata, paged_attention_torch
+from batchscope.engine import Engine, EngineConfig, SamplingParams
+from batchscope.engine.attention import AttentionMetadata, paged_attention_torch
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_compute_start_is_recorded_just_before_the_first_kernel(tiny_engine, mon
     """A step's compute_start event completes as soon as its stream reaches it, so nothing slow may sit between
     it and the first kernel: the input views are cut before it, and the runner looks the embedding up itself
     right after it (the decoder's own Python before its embedding would count as compute on an idle GPU)."""
-    from engine.batch import Batch
+    from batchscope.engine.batch import Batch
 
     runner = tiny_engine._core.runner
     order = []
@@ -91,7 +91,7 @@ class PerLayerIdsDecoder(torch.nn.Module):
 
 
 def test_the_runner_looks_embeddings_up_only_for_decoders_that_do_nothing_else_with_the_ids(tiny_engine):
-    from engine.patching import embeds_only
+    from batchscope.engine.patching import embeds_only
 
     assert embeds_only(tiny_engine._core.runner.base)
     for cls in (ScaledLookupDecoder, PerLayerIdsDecoder):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import generate_in_mode, random_prompts, reference_generate
-from engine import Engine, EngineConfig, SamplingParams, StepTrace
+from batchscope.engine import Engine, EngineConfig, SamplingParams, StepTrace
 
 pytestmark = pytest.mark.gpu
 
@@ -64,7 +64,7 @@ def test_qwen3_greedy_equals_transformers_on_cuda(qwen3_checkpoint, dtype, atten
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tiny_random_greedy_equals_transformers_on_cuda(dtype):
-    from engine.models import load_model
+    from batchscope.engine.models import load_model
     eng = Engine(EngineConfig(model="tiny-random", device="cuda", dtype=dtype, num_blocks=256,
                               max_batch_tokens=256, max_running=32))
     try:

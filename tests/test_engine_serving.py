@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from conftest import random_prompts, reference_generate
-from engine import ConfigError, Engine, EngineConfig, ModeChange, SamplingParams, StepTrace
+from batchscope.engine import ConfigError, Engine, EngineConfig, ModeChange, SamplingParams, StepTrace
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm  # noqa: E402
 from transformers.models.qwen3 import modeling_qwen3  # noqa: E402
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm  # noqa: E402
 
-from engine import fused  # noqa: E402
+from batchscope.engine import fused  # noqa: E402
 
 INTERPRETED = type(fused._rms_norm_kernel).__name__ == "InterpretedFunction"
 interp = pytest.mark.skipif(not INTERPRETED, reason="CPU interpreter tests run where there is no CUDA device "
@@ -306,7 +306,7 @@ COMPILE_FOR_HOPPER = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
-from engine import fused
+from batchscope.engine import fused
 
 def build(kernel, signature, constants, warps, **options):
     compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),

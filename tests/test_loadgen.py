@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from app.loadgen import (BurstManager, BurstSpec, Limits, BusyError, RequestTiming, arrival_offsets,
+from batchscope.app.loadgen import (BurstManager, BurstSpec, Limits, BusyError, RequestTiming, arrival_offsets,
                          burst_metrics, percentiles, plan_burst)
-from engine.request import TokenDelta
+from batchscope.engine.request import TokenDelta
 
 LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=64, max_burst_requests=50, max_concurrent_bursts=2)
 

@@ -5,10 +5,10 @@ import httpx
 import openai
 import pytest
 
-from app.loadgen import Limits
-from app.server import ServerThread, create_app
-from app.state import AppState
-from engine.config import EngineConfig
+from batchscope.app.loadgen import Limits
+from batchscope.app.server import ServerThread, create_app
+from batchscope.app.state import AppState
+from batchscope.engine.config import EngineConfig
 
 MODEL = "tiny-random"
 

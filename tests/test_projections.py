@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.projections import merge_projections
+from batchscope.engine.projections import merge_projections
 
 
 def tiny(kind: str, bias: bool = False):
@@ -115,7 +115,7 @@ def test_unrecognised_modules_are_left_alone_and_merging_is_idempotent():
 
 
 def test_engine_merges_by_default_and_can_be_told_not_to():
-    from engine import Engine, EngineConfig, SamplingParams
+    from batchscope.engine import Engine, EngineConfig, SamplingParams
 
     outputs = {}
     for merge in (True, False):

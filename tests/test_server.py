@@ -7,12 +7,12 @@ import httpx
 import jsonschema
 import pytest
 
-from app.cli import main as cli_main
-from app.loadgen import Limits
-from app.server import ServerThread, check_bind, create_app
-from app.state import AppState
-from engine.config import EngineConfig
-from telemetry import SCHEMA, SCHEMA_ID, validate_timeline
+from batchscope.app.cli import main as cli_main
+from batchscope.app.loadgen import Limits
+from batchscope.app.server import ServerThread, check_bind, create_app
+from batchscope.app.state import AppState
+from batchscope.engine.config import EngineConfig
+from batchscope.telemetry import SCHEMA, SCHEMA_ID, validate_timeline
 
 LIMITS = Limits(max_prompt_tokens=256, max_new_tokens=64, max_burst_requests=32, max_concurrent_bursts=2,
                 max_waiting_requests=64)
@@ -481,14 +481,14 @@ def test_ui_is_mounted_at_root_without_shadowing_the_api(recorded):
 
 
 def test_bench_dispatches_with_its_own_finer_options(monkeypatch):
-    import app.bench
+    import batchscope.app.bench
 
     seen = {}
 
     def fake_main(args):
         seen["args"] = args
         return 0
-    monkeypatch.setattr(app.bench, "main", fake_main)
+    monkeypatch.setattr(batchscope.app.bench, "main", fake_main)
     assert cli_main(["bench", "--model", "tiny-random", "--modes", "async", "--requests", "4", "--out", "b.json",
                      "--repeats", "3"]) == 0
     args = seen["args"]

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from telemetry.clock import EventClock
-from telemetry.synthetic import FakeEvent
+from batchscope.telemetry.clock import EventClock
+from batchscope.telemetry.synthetic import FakeEvent
 
 ORIGIN = 1_000_000_000          # the session origin, host ns
 

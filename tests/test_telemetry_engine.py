@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from engine import HOST_PHASES, EngineConfig, SamplingParams
-from telemetry import Telemetry, load_timeline, to_perfetto
+from batchscope.engine import HOST_PHASES, EngineConfig, SamplingParams
+from batchscope.telemetry import Telemetry, load_timeline, to_perfetto
 
-Engine = pytest.importorskip("engine.engine").Engine
+Engine = pytest.importorskip("batchscope.engine.engine").Engine
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from telemetry import SCHEMA, SCHEMA_ID, Telemetry, TimelineError, load_timeline, to_perfetto, validate_timeline
-from telemetry.synthetic import SyntheticEngine
+from batchscope.telemetry import SCHEMA, SCHEMA_ID, Telemetry, TimelineError, load_timeline, to_perfetto, validate_timeline
+from batchscope.telemetry.synthetic import SyntheticEngine
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from telemetry import SCHEMA_ID, Telemetry
-from telemetry.hub import Hub, SubscriptionClosed
-from telemetry.synthetic import SyntheticEngine
+from batchscope.telemetry import SCHEMA_ID, Telemetry
+from batchscope.telemetry.hub import Hub, SubscriptionClosed
+from batchscope.telemetry.synthetic import SyntheticEngine
 
 
 def test_a_viewer_gets_steps_requests_mode_and_stats():

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from telemetry import Telemetry
-from telemetry import nvml as nvml_mod
-from telemetry.nvml import Sampler
-from telemetry.synthetic import SyntheticEngine
+from batchscope.telemetry import Telemetry
+from batchscope.telemetry import nvml as nvml_mod
+from batchscope.telemetry.nvml import Sampler
+from batchscope.telemetry.synthetic import SyntheticEngine
 
 FIRM = ("t_us", "gpu_util", "mem_util", "mem_used_mb", "power_w", "sm_clock_mhz")
 

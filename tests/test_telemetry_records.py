@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.trace import HOST_PHASES, StepTrace
-from telemetry import IDLE_CAUSES, Telemetry, validate_timeline
-from telemetry.synthetic import SyntheticEngine
+from batchscope.engine.trace import HOST_PHASES, StepTrace
+from batchscope.telemetry import IDLE_CAUSES, Telemetry, validate_timeline
+from batchscope.telemetry.synthetic import SyntheticEngine
 
 TOL = 0.2   # µs: records are rounded to 0.1 µs
 

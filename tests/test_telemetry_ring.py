@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import gc
 
-from engine.trace import StepTrace
-from telemetry import Telemetry
-from telemetry.synthetic import SyntheticEngine
+from batchscope.engine.trace import StepTrace
+from batchscope.telemetry import Telemetry
+from batchscope.telemetry.synthetic import SyntheticEngine
 
 
 def feed(tel: Telemetry, first: int, count: int) -> None:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from telemetry import Telemetry, compare, percentiles, request_metrics, summarize
-from telemetry.summary import union_length
-from telemetry.synthetic import SyntheticEngine
+from batchscope.telemetry import Telemetry, compare, percentiles, request_metrics, summarize
+from batchscope.telemetry.summary import union_length
+from batchscope.telemetry.synthetic import SyntheticEngine
 
 
 def step(n, compute, tokens=1, prefill=0, decode=1, idle=None, parts=None, mode="sync", kv=10):

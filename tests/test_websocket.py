@@ -26,7 +26,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--model", "tiny-random", "--device", "cpu", "--dtype",
+    cmd = [sys.executable, "-m", "batchscope.app.cli", "serve", "--model", "tiny-random", "--device", "cpu", "--dtype",
            "float32", "--num-blocks", "512", "--max-batch-tokens", "256", "--max-running", "32", "--no-ui",
            "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,0 +1,2 @@
+"""The dashboard's browser side (timeline.js, style.css), shipped inside the package and found with
+importlib.resources."""
