@@ -24,6 +24,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+# CI sets BATCHSCOPE_NO_CPU_SKIPS=1: on a CPU machine only `gpu` tests may skip. A browser test skipped because
+# Chromium is missing, or a module skipped because a package did not install, fails the run instead.
+_cpu_skips: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and "gpu" not in report.keywords:
+        _cpu_skips.append(report.nodeid)
+
+
+def pytest_collectreport(report):
+    if report.skipped:
+        _cpu_skips.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("BATCHSCOPE_NO_CPU_SKIPS") == "1" and _cpu_skips and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if os.environ.get("BATCHSCOPE_NO_CPU_SKIPS") == "1" and _cpu_skips:
+        terminalreporter.write_line(f"{len(_cpu_skips)} test(s) that must run on a CPU machine were skipped "
+                                    f"(BATCHSCOPE_NO_CPU_SKIPS=1):", red=True)
+        for nodeid in _cpu_skips:
+            terminalreporter.write_line(f"  {nodeid}", red=True)
+
+
 def reference_generate(model, prompt_ids: list[int], max_new_tokens: int, eos_token_id: int | None) -> list[int]:
     """transformers' own greedy generate for one prompt (no padding), generated tokens only."""
     ids = torch.tensor([prompt_ids], device=model.device)
