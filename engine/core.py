@@ -11,6 +11,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+import torch
+
 from .request import Request, RequestHandle, TokenDelta
 from .runner import Launched, ModelRunner
 from .scheduler import Scheduler, StepPlan
@@ -196,6 +198,13 @@ class EngineCore:
         carried tokens from this one may hold some of them: their extra tokens are dropped as finished."""
         step.failed = True
         msg = f"{exc.__class__.__name__}: {exc}"
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            msg = (f"out of device memory in a step of {step.plan.num_tokens} tokens for {len(step.plan.seqs)} "
+                   f"request(s); a smaller --max-batch-tokens or --max-prompt-tokens avoids it. {msg}")
+            # The failed step's tensors are gone: hand their cached blocks back so the next steps can allocate.
+            # (An error path, so the device sync inside empty_cache is acceptable here.)
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
         traceback.print_exception(exc)
         for seq in step.plan.seqs:
             req = seq.req

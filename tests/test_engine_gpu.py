@@ -137,3 +137,29 @@ def test_async_fills_next_step_while_gpu_computes_and_sync_does_not():
     print(f"share of steps whose successor was filled before they finished computing: {result}")
     assert result["async"] > 0.9
     assert result["sync"] == 0.0
+
+
+def test_a_real_out_of_memory_step_fails_alone_and_the_engine_keeps_serving():
+    """Fill the device, then send a prefill larger than any before it: the allocator has no block for it, so the
+    step runs out of memory. That request ends with "error"; once memory is back the engine serves exactly."""
+    eng = Engine(EngineConfig(model="tiny-random", device="cuda", dtype="float32", mode="async", num_blocks=512,
+                              max_batch_tokens=4096, max_running=8, seed=0))
+    try:
+        params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+        before = eng.generate([[5, 6, 7]], params)[0].token_ids
+        ballast, chunk = [], 256 << 20
+        while chunk >= 1 << 20:
+            try:
+                ballast.append(torch.empty(chunk, dtype=torch.uint8, device="cuda"))
+            except torch.cuda.OutOfMemoryError:
+                chunk //= 2
+        out = eng.generate([list(range(3, 4003))], SamplingParams(max_new_tokens=4))[0]
+        ballast.clear()
+        torch.cuda.empty_cache()
+        assert out.finish_reason == "error" and "out of device memory" in out.error, out.error
+        for mode in ("sync", "async"):
+            eng.set_mode(mode)
+            assert eng.generate([[5, 6, 7]], params)[0].token_ids == before
+        assert eng.stats()["running"] == 0 and eng._core.scheduler.allocator.num_used == 0
+    finally:
+        eng.close()

@@ -214,3 +214,32 @@ def test_step_traces_show_overlap_only_in_async(engine):
         if prev is not None:
             assert s.host["launch"][1] <= prev.host["wait"][0]
     assert sum(s.carried for s in async_steps) > 0 and sum(s.carried for s in sync_steps) == 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_out_of_device_memory_fails_that_step_and_the_engine_keeps_serving(engine, tiny_reference, monkeypatch,
+                                                                            mode):
+    """A huge prefill that runs out of device memory (injected here: CPU has no CUDA allocator) ends its
+    requests with "error" and a reason that says what to change; later requests are exact and no KV block leaks."""
+    import torch
+
+    runner = engine._core.runner
+    original = runner._compute
+
+    def out_of_memory_on_big_steps(batch, prev):
+        if batch.plan.num_tokens > 100:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+        return original(batch, prev)
+
+    engine.set_mode(mode)
+    monkeypatch.setattr(runner, "_compute", out_of_memory_on_big_steps)
+    huge = engine.submit(list(range(5, 305)), SamplingParams(max_new_tokens=4), request_id=f"huge-{mode}")
+    out = huge.result(timeout=60)
+    assert out.finish_reason == "error"
+    assert "out of device memory" in out.error and "--max-batch-tokens" in out.error and "40.00 GiB" in out.error
+    prompts = random_prompts(3, 256, 4, 20, seed=11)
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=6, ignore_eos=True))
+    for prompt, o in zip(prompts, outs):
+        assert o.token_ids == reference_generate(tiny_reference, prompt, 6, None)
+    assert engine.stats()["running"] == 0
+    assert engine._core.scheduler.allocator.num_used == 0
