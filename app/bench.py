@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import datetime as _dt
 import gc
+import hashlib
 import json
 import math
 import random
@@ -448,6 +449,7 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
     for m in runs:
         same = sum(a == b for a, b in zip(m["token_ids"], reference))
         m["tokens_agree_with_first_run"] = same / len(reference) if reference else None
+        m["tokens_digest"] = _digest(m["token_ids"])
     results = {}
     for label in dict.fromkeys(m["label"] for m in runs):
         mine = [m for m in runs if m["label"] == label]
@@ -601,6 +603,18 @@ def _median(values):
     return statistics.median(vals) if vals else None
 
 
+def _digest(token_ids: list[list[int]]) -> str:
+    """One short fingerprint of every output token of a run, in request order."""
+    return hashlib.sha256(json.dumps(token_ids, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def disagreeing_runs(result: dict) -> list[str]:
+    """batchscope's own runs that gave other tokens than its first: the same prompts, greedy, must give the same
+    tokens run after run and mode after mode."""
+    ours = [r for r in result["runs"] if r["system"] == "batchscope"]
+    return [f"{r['label']}#{r['repeat']}" for r in ours if r["tokens_digest"] != ours[0]["tokens_digest"]]
+
+
 def main(args=None) -> int:
     """Entry point for `batchscope bench` (app/cli.py passes its Namespace) and for `python -m batchscope.app.bench`."""
     if args is None or isinstance(args, (list, tuple)):
@@ -618,6 +632,10 @@ def main(args=None) -> int:
     if bad:
         _say(f"outputs of {', '.join(bad)} did not have the requested lengths")
         return 1
+    differ = disagreeing_runs(result)
+    if differ:
+        _say(f"runs {', '.join(differ)} gave other tokens than the first batchscope run (tokens_digest)")
+        return 3
     return 0
 
 

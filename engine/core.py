@@ -92,12 +92,12 @@ class EngineCore:
                 kind, item = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "submit":
-                req, handle = item
-                self.requests[req.id] = req
-                self.handles[req.id] = handle
-                self.scheduler.add(req)
-                self._new_arrivals.append((req.id, req.arrival_ns, len(req.prompt_ids)))
+            if kind == "submit":                # a list: what one `generate` call sends arrives together
+                for req, handle in item:
+                    self.requests[req.id] = req
+                    self.handles[req.id] = handle
+                    self.scheduler.add(req)
+                    self._new_arrivals.append((req.id, req.arrival_ns, len(req.prompt_ids)))
             elif kind == "cancel":
                 req = self.requests.get(item)
                 if req is not None and not req.finished:

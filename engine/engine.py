@@ -95,6 +95,12 @@ class Engine:
     def submit(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
                stream: bool = True) -> RequestHandle:
         """Queue a request from any thread. Raises ConfigError at once for a request that can never run."""
+        req, handle = self._new_request(prompt, params, request_id, stream)
+        self._enqueue([(req, handle)])
+        return handle
+
+    def _new_request(self, prompt: Prompt, params: SamplingParams | None, request_id: str | None,
+                     stream: bool) -> tuple[Request, RequestHandle]:
         if self._core.closing:
             raise RuntimeError("engine is closed")
         params = (params or SamplingParams()).validate()
@@ -107,11 +113,12 @@ class Engine:
         with self._lock:
             rid = request_id or f"req-{next(self._ids)}"
             seed = params.seed if params.seed is not None else self._rng.getrandbits(31)
-        req = Request(rid, ids, params, seed)
-        handle = RequestHandle(rid, self, streaming=stream, detokenize=self._detokenize)
-        self._core.inbox.put(("submit", (req, handle)))
+        return Request(rid, ids, params, seed), RequestHandle(rid, self, streaming=stream,
+                                                              detokenize=self._detokenize)
+
+    def _enqueue(self, batch: list[tuple[Request, RequestHandle]]) -> None:
+        self._core.inbox.put(("submit", batch))
         self._core.wakeup.set()
-        return handle
 
     def cancel(self, request_id: str) -> None:
         self._core.inbox.put(("cancel", request_id))
@@ -125,8 +132,11 @@ class Engine:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ConfigError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
-        handles = [self.submit(p, sp, stream=False) for p, sp in zip(prompts, plist)]
-        return [h.result() for h in handles]
+        # One inbox item for all: the engine sees them together, so the first step's batch (and with it every
+        # GEMM shape, hence the rounding in bf16) is the same run after run.
+        made = [self._new_request(p, sp, None, False) for p, sp in zip(prompts, plist)]
+        self._enqueue(made)
+        return [handle.result() for _req, handle in made]
 
     def stats(self) -> dict:
         s = self._core.scheduler

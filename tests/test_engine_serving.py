@@ -243,3 +243,42 @@ def test_out_of_device_memory_fails_that_step_and_the_engine_keeps_serving(engin
         assert o.token_ids == reference_generate(tiny_reference, prompt, 6, None)
     assert engine.stats()["running"] == 0
     assert engine._core.scheduler.allocator.num_used == 0
+
+
+def test_a_generate_call_reaches_the_engine_as_one_batch(engine, monkeypatch):
+    """Even when preparing its prompts is slow, one generate call is scheduled as one batch: the first step's
+    shapes, and so bf16 rounding, cannot depend on how far the engine thread got meanwhile."""
+    import time
+
+    slow = engine._prompt_ids
+
+    def slow_prompt_ids(prompt):
+        time.sleep(0.03)                    # long enough for the engine thread to build a step in between
+        return slow(prompt)
+
+    monkeypatch.setattr(engine, "_prompt_ids", slow_prompt_ids)
+    traces = []
+
+    def keep(event):
+        if isinstance(event, StepTrace):
+            traces.append(event)
+
+    engine.add_observer(keep)
+    try:
+        outs = engine.generate([[5, 6, 7, 8]] * 6, SamplingParams(max_new_tokens=3, ignore_eos=True))
+    finally:
+        engine.remove_observer(keep)
+    ids = {o.id for o in outs}
+    first = next(t for t in traces if ids & set(t.request_ids))
+    assert set(first.request_ids) >= ids
+
+
+def test_bench_names_runs_whose_tokens_differ_from_the_first():
+    from batchscope.app.bench import _digest, disagreeing_runs
+
+    runs = [{"system": "batchscope", "label": "async", "repeat": 0, "tokens_digest": _digest([[1, 2], [3]])},
+            {"system": "batchscope", "label": "sync", "repeat": 0, "tokens_digest": _digest([[1, 2], [3]])},
+            {"system": "transformers", "label": "tf", "repeat": 0, "tokens_digest": _digest([[9]])},
+            {"system": "batchscope", "label": "sync", "repeat": 1, "tokens_digest": _digest([[1, 2], [4]])}]
+    assert disagreeing_runs({"runs": runs}) == ["sync#1"]
+    assert disagreeing_runs({"runs": runs[:3]}) == []
