@@ -2,7 +2,7 @@
 # One pass over everything that needs a CUDA device: the gpu-marked tests, the attention kernel check and
 # timings, and the engine benchmark against transformers. Logs and JSON land in $OUT (default ./out).
 # Usage: benchmarks/gpu_checks.sh [overlap|tests|kernels|tuning|fused|profile|demo|bench-a|bench-a-engine|
-#                                  bench-b|bench-c|telemetry|telemetry-sync|all]...
+#                                  bench-b|bench-c|determinism|telemetry|telemetry-sync|all]...
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -10,6 +10,15 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 what=${*:-all}
 has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
+# A GPU image with torch, transformers and triton but without this project: install it (and any wheels carried
+# in .whl/, e.g. the server's packages and setuptools) into /tmp/site, with no network.
+if ! python3 -c "import batchscope.engine" 2>/dev/null; then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  fi
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . || exit 1
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 if has overlap; then   # the quick engine checks: overlap from step traces, no hidden synchronisation
@@ -54,6 +63,11 @@ if has telemetry-sync; then  # telemetry's cost in sync mode: many short ABBA pa
     --overhead-tokens 128 --budget-s 280 --out "$OUT/sync_pairs" 2>&1 | tee "$OUT/telemetry_sync_pairs.log"
   python3 benchmarks/telemetry_overhead_probe.py --rounds 6 --variants off,on --out "$OUT/telemetry_probe.json" \
     2>&1 | tee "$OUT/telemetry_probe.log"
+fi
+if has determinism; then   # the same greedy prompts, run after run and mode after mode: one token digest
+  $BENCH --new-tokens 2048 --modes sync,async --repeats 2 --no-telemetry --out "$OUT/determinism.json" \
+    --no-progress 2>&1 | tee "$OUT/determinism.log"
+  echo "bench exit code: $?" | tee -a "$OUT/determinism.log"
 fi
 if has bench-b; then   # (b) the seed workload: 8192 new tokens per request
   $BENCH --new-tokens 8192 --modes sync,async --out "$OUT/bench_b.json" --no-progress 2>&1 | tee "$OUT/bench_b.log"
