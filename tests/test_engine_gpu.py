@@ -163,3 +163,30 @@ def test_a_real_out_of_memory_step_fails_alone_and_the_engine_keeps_serving():
         assert eng.stats()["running"] == 0 and eng._core.scheduler.allocator.num_used == 0
     finally:
         eng.close()
+
+
+def test_the_same_prompts_give_the_same_tokens_run_after_run_with_other_work_between(tmp_path):
+    """bf16, near-uniform random logits (near-ties everywhere, so any change in rounding shows), thousands of
+    tokens: the same generate call gives the same tokens again, after other work and in the other mode."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096,
+                      tie_word_embeddings=False)
+    torch.manual_seed(3)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(tmp_path)
+    eng = Engine(EngineConfig(model=str(tmp_path), device="cuda", dtype="bfloat16", mode="async", num_blocks=4096,
+                              max_batch_tokens=512, max_running=32, seed=0))
+    try:
+        prompts = random_prompts(24, 8192, 20, 300, seed=9)
+        params = SamplingParams(max_new_tokens=1500, ignore_eos=True)
+        first = [o.token_ids for o in eng.generate(prompts, params)]
+        eng.set_mode("sync")
+        eng.generate(random_prompts(9, 8192, 5, 500, seed=10), SamplingParams(max_new_tokens=300, ignore_eos=True))
+        again_sync = [o.token_ids for o in eng.generate(prompts, params)]
+        eng.set_mode("async")
+        again_async = [o.token_ids for o in eng.generate(prompts, params)]
+        assert all(len(t) == 1500 for t in first)
+        assert again_sync == first and again_async == first
+    finally:
+        eng.close()
