@@ -19,6 +19,8 @@ from typing import Any
 from batchscope.engine.config import SamplingParams
 
 ARRIVALS = ("burst", "poisson", "gamma")
+MAX_KEPT_BURSTS = 100               # finished bursts (A/B halves included) and, separately, A/B runs kept to read
+CANCEL_POLL_S = 0.05                # how often a request waiting for its arrival time looks for a cancel
 
 
 class BusyError(ValueError):
@@ -234,6 +236,17 @@ class Burst:
     created: float = field(default_factory=time.time)
     mode: str | None = None             # the engine mode when the burst started
     cancel: threading.Event = field(default_factory=threading.Event)
+    # requests in flight, so that a cancel reaches those that have not streamed a token yet
+    handles: set = field(default_factory=set, repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def stop(self) -> None:
+        """Cancel from any thread: nothing more is sent, and what is in flight is cancelled in the engine."""
+        with self.lock:
+            self.cancel.set()
+            handles = list(self.handles)
+        for h in handles:
+            h.cancel()
 
     def to_dict(self) -> dict:
         return {"id": self.id, "state": self.state, "done": self.done, "total": self.total, "mode": self.mode,
@@ -265,14 +278,15 @@ class ABRun:
 
 
 class BurstManager:
-    """Runs bursts and A/B comparisons on background threads and keeps their results (the last `keep`).
+    """Runs bursts and A/B comparisons on background threads and keeps their results (the last `keep` of each;
+    `dropped` counts those forgotten).
 
     `engine` needs submit(prompt_ids, SamplingParams) -> handle with astream() and cancel(), set_mode() and mode.
     `telemetry`, when given, needs now_us() and summary(t0_us, t1_us) -> dict with "busy_pct": it supplies the
     event-based GPU busy share over each burst's window.
     """
 
-    def __init__(self, engine, limits: Limits, vocab_size: int, telemetry=None, keep: int = 100):
+    def __init__(self, engine, limits: Limits, vocab_size: int, telemetry=None, keep: int = MAX_KEPT_BURSTS):
         self.engine = engine
         self.telemetry = telemetry
         self.limits = limits
@@ -283,6 +297,7 @@ class BurstManager:
         self._abs: dict[str, ABRun] = {}
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self.dropped = {"bursts": 0, "ab": 0}
 
     # -- public
     def start_burst(self, spec: dict | BurstSpec) -> str:
@@ -291,7 +306,7 @@ class BurstManager:
         with self._lock:
             self._admit(ab=False)
             self._bursts[burst.id] = burst
-            self._trim(self._bursts)
+            self._trim(self._bursts, "bursts")
         self._spawn(self._run_burst_thread, burst)
         return burst.id
 
@@ -301,7 +316,7 @@ class BurstManager:
         with self._lock:
             self._admit(ab=True)
             self._abs[ab.id] = ab
-            self._trim(self._abs)
+            self._trim(self._abs, "ab")
         self._spawn(self._run_ab_thread, ab)
         return ab.id
 
@@ -326,16 +341,28 @@ class BurstManager:
     def list(self) -> dict:
         with self._lock:
             return {"bursts": [b.to_dict() for b in self._bursts.values()],
-                    "ab": [a.to_dict() for a in self._abs.values()]}
+                    "ab": [a.to_dict() for a in self._abs.values()], "kept": self.keep, "dropped": dict(self.dropped)}
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Cancel what runs and wait for the threads (so the engine can be closed after)."""
+    def status(self) -> dict:
+        with self._lock:
+            return {"running": self._running_count(), "kept_bursts": len(self._bursts), "kept_ab": len(self._abs),
+                    "max_kept": self.keep, "dropped": dict(self.dropped)}
+
+    def cancel_all(self) -> None:
+        """Refuse new bursts and cancel what runs, without waiting (safe from a signal handler)."""
         with self._lock:
             self._closed = True
-            for b in self._bursts.values():
-                b.cancel.set()
+            bursts = list(self._bursts.values())
+        for b in bursts:
+            b.stop()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Cancel what runs and wait for the threads (so the engine can be closed after); `timeout` bounds the
+        whole wait, not each thread."""
+        self.cancel_all()
+        deadline = time.monotonic() + timeout
         for t in list(self._threads):
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
 
     # -- admission
     def _running_count(self) -> int:
@@ -353,10 +380,15 @@ class BurstManager:
         if n >= self.limits.max_concurrent_bursts:
             raise BusyError(f"{n} bursts already running (limit {self.limits.max_concurrent_bursts})")
 
-    def _trim(self, table: dict) -> None:
-        for key in list(table)[: max(0, len(table) - self.keep)]:
-            if table[key].state != "running":
+    def _trim(self, table: dict, kind: str) -> None:
+        excess = len(table) - self.keep
+        for key in list(table):
+            if excess <= 0:
+                break
+            if table[key].state != "running":       # oldest first; running ones stay
                 del table[key]
+                self.dropped[kind] += 1
+                excess -= 1
 
     def _spawn(self, target, item) -> None:
         t = threading.Thread(target=target, args=(item,), name=f"batchscope-{item.id}", daemon=True)
@@ -380,7 +412,10 @@ class BurstManager:
                 burst = Burst(id=_new_id("b"), spec=ab.spec, total=ab.spec.num_requests)
                 setattr(ab, "sync" if mode == "sync" else "async_", burst)
                 with self._lock:
+                    if self._closed:            # closed between the halves: do not start the next
+                        raise RuntimeError("cancelled: the server is shutting down")
                     self._bursts[burst.id] = burst
+                    self._trim(self._bursts, "bursts")
                 self._run_burst(burst)
                 if burst.state != "done":
                     raise RuntimeError(f"the {mode} half failed: {burst.error}")
@@ -439,16 +474,25 @@ class BurstManager:
         return timings, start_ns, time.perf_counter_ns()
 
     async def _one(self, burst: Burst, p: PlannedRequest, start_ns: int) -> RequestTiming:
-        delay = p.offset_s - (time.perf_counter_ns() - start_ns) / 1e9
-        if delay > 0:
-            await asyncio.sleep(delay)
+        # a late arrival (poisson, gamma) waits in short sleeps, so that a cancel is not held up by it
+        while not burst.cancel.is_set():
+            delay = p.offset_s - (time.perf_counter_ns() - start_ns) / 1e9
+            if delay <= 0:
+                break
+            await asyncio.sleep(min(delay, CANCEL_POLL_S))
         t = RequestTiming(sent_ns=time.perf_counter_ns(), prompt_tokens=len(p.prompt))
+        handle = None
         try:
             if burst.cancel.is_set():
                 raise RuntimeError("cancelled")
             params = SamplingParams(max_new_tokens=p.max_new_tokens, temperature=burst.spec.temperature,
                                     seed=p.seed, ignore_eos=burst.spec.ignore_eos)
             handle = self.engine.submit(p.prompt, params)
+            with burst.lock:
+                burst.handles.add(handle)
+                cancelled = burst.cancel.is_set()
+            if cancelled:                   # stop() ran between the submit and the add
+                handle.cancel()
             async for d in handle.astream():
                 now = time.perf_counter_ns()
                 if d.token_ids:
@@ -461,6 +505,10 @@ class BurstManager:
                 t.error = t.finish_reason
         except Exception as e:          # one bad request is counted, the burst goes on
             t.error = f"{type(e).__name__}: {e}"
+        finally:
+            if handle is not None:
+                with burst.lock:
+                    burst.handles.discard(handle)
         burst.done += 1
         return t
 

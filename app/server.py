@@ -7,6 +7,7 @@
     /                   the Gradio UI, mounted last so that it never shadows the routes above
 
 Every 4xx carries a JSON reason: {"error": "..."} on /api, OpenAI's {"error": {"message": ...}} on /v1.
+Bodies are bounded before any route reads them (`BodyLimit`): size (413) and JSON nesting (400).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import hmac
 import ipaddress
 import json
 import os
+import signal
 import threading
 import time
 import uuid
@@ -37,15 +39,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import HTTPConnection
 
 from batchscope.telemetry import TimelineError
-from batchscope.telemetry.hub import SubscriptionClosed
+from batchscope.telemetry.hub import SubscriptionClosed, TooManySubscribers
 
 from .loadgen import BusyError
-from .state import AppState, NoEngineError, NotFoundError
+from .state import (MAX_JSON_DEPTH, MAX_REPLAY_BYTES, AppState, NoEngineError, NotFoundError, ShuttingDownError,
+                    json_depth_over)
 
 ASSETS_DIR = Path(str(resources.files("batchscope.assets")))   # package data, wherever it was installed
 TOKEN_COOKIE = "batchscope_token"
-MAX_BODY_BYTES = 8 << 20            # JSON requests
-MAX_REPLAY_BYTES = 200 << 20        # an uploaded timeline
+# JSON requests: the largest legitimate one, /v1/completions with max_burst_requests prompts of
+# max_prompt_tokens ids each (256 x 4096 x ~7 bytes), is about 7 MiB
+MAX_BODY_BYTES = 8 << 20
+REPLAY_PATH = "/api/replay"         # takes up to MAX_REPLAY_BYTES (app/state.py says why that much)
+DEPTH_SCAN_INLINE_BRACKETS = 1 << 16    # a body with more brackets is depth-checked off the event loop
 WS_SEND_TIMEOUT_S = 60.0            # a viewer that takes no frame for this long is disconnected
 
 
@@ -88,6 +94,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(request, 400, _validation_reason(exc))
 
     async def http_error(request, exc: StarletteHTTPException):
+        if isinstance(exc.__cause__, RecursionError):    # FastAPI's own JSON parse; BodyLimit should catch it first
+            return error_response(request, 400, "body JSON is nested too deeply to parse")
         return error_response(request, exc.status_code, str(exc.detail))
 
     def status_for(code: int):
@@ -103,6 +111,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(BusyError, status_for(429))
     app.add_exception_handler(NotFoundError, status_for(404))
     app.add_exception_handler(NoEngineError, status_for(409))
+    app.add_exception_handler(ShuttingDownError, status_for(503))
     app.add_exception_handler(EngineFailure, status_for(500))
 
 
@@ -157,8 +166,13 @@ class TokenAuth:
 
 
 class BodyLimit:
-    """Refuse /api and /v1 request bodies over a size limit with a JSON 413, declared (Content-Length) or not
-    (chunked). Gradio's own routes keep Gradio's limits."""
+    """Reads /api and /v1 request bodies before any route does, and refuses with a JSON reason:
+    - 413 over the size limit (MAX_REPLAY_BYTES on /api/replay, MAX_BODY_BYTES elsewhere): at once when the
+      Content-Length says so, or, for a chunked body, as soon as the bytes read pass it (no more is read);
+    - 400 for JSON nested deeper than MAX_JSON_DEPTH (recursive parsers fail on deep nesting); /api/replay is
+      checked in its thread instead, since it may be large.
+    The route then gets the body whole, and the live channel after it (to notice a client that hangs up).
+    Gradio's own routes keep Gradio's limits."""
 
     def __init__(self, app):
         self.app = app
@@ -167,32 +181,77 @@ class BodyLimit:
         path = scope.get("path", "")
         if scope["type"] != "http" or not path.startswith(("/api/", "/v1/")):
             return await self.app(scope, receive, send)
-        limit = MAX_REPLAY_BYTES if path == "/api/replay" else MAX_BODY_BYTES
-        refusal = error_response(HTTPConnection(scope), 413, f"request body over the limit of {limit >> 20} MiB")
+        conn = HTTPConnection(scope)
+        limit = MAX_REPLAY_BYTES if path == REPLAY_PATH else MAX_BODY_BYTES
+
+        async def refuse(status: int, reason: str, close: bool = False) -> None:
+            response = error_response(conn, status, reason)
+            if close:                   # else the server would go on reading (and discarding) the rest
+                response.headers["connection"] = "close"
+            await response(scope, receive, send)
+
+        over = f"request body over the limit of {limit >> 20} MiB"
         declared = dict(scope.get("headers", [])).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            return await refusal(scope, receive, send)
-        seen, over, answered = 0, False, False
-
-        async def counting_receive():
-            nonlocal seen, over
+            return await refuse(413, over, close=True)
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    over = True         # whatever the app makes of the cut-off body, the answer is our 413
-                    return {"type": "http.disconnect"}
-            return message
+            if message["type"] != "http.request":       # the client left mid-body; answering is a no-op
+                return await refuse(400, "the client hung up before sending the whole body")
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > limit:
+                return await refuse(413, over, close=True)
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        del chunks
+        if path != REPLAY_PATH and body:
+            if body.count(b"[") + body.count(b"{") > DEPTH_SCAN_INLINE_BRACKETS:
+                depth = await run_in_threadpool(json_depth_over, body, MAX_JSON_DEPTH)
+            else:
+                depth = json_depth_over(body, MAX_JSON_DEPTH)
+            if depth is not None:
+                return await refuse(400, f"body JSON is nested {depth} levels deep, over the limit of "
+                                         f"{MAX_JSON_DEPTH}")
+        pending = [{"type": "http.request", "body": body, "more_body": False}]
+        del body                        # the route's copy is the only one kept
 
-        async def guarded_send(message):
-            nonlocal answered
-            if not over:
-                return await send(message)
-            if not answered:
-                answered = True
-                await refusal(scope, receive, send)
+        async def replay_receive():
+            if pending:
+                return pending.pop()
+            return await receive()
 
-        await self.app(scope, counting_receive, guarded_send)
+        await self.app(scope, replay_receive, send)
+
+
+def chain_shutdown_signals(state: AppState) -> None:
+    """Have SIGTERM and SIGINT start state.begin_shutdown() before the server's own handler runs, so that
+    streams and bursts end at once (cancelled) and the server drains fast, instead of waiting out its graceful
+    timeout on requests that would run for minutes. uvicorn installs its handlers before start-up and restores
+    the previous ones when it stops, which removes ours with them. Call from the serving loop, on the main
+    thread (the only one that can set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+
+        def handler(signum, frame, previous=previous):
+            try:
+                # the handler interrupts the loop's thread, which may hold the locks begin_shutdown takes:
+                # run it as the loop's next callback instead
+                loop.call_soon_threadsafe(state.begin_shutdown)
+            except RuntimeError:        # the loop is closed: nothing left to cancel
+                pass
+            finally:
+                previous(signum, frame)
+        signal.signal(sig, handler)
 
 
 # ----------------------------------------------------------------------------------------------- dependencies
@@ -423,7 +482,7 @@ def recordings(state: State) -> dict:
 
 @timelines.post("/replay")
 async def replay_upload(request: Request, state: State) -> dict:
-    raw = await request.body()
+    raw = await request.body()          # BodyLimit has bounded it to MAX_REPLAY_BYTES already
     if not raw:
         raise ValueError("send a batchscope.timeline/1 JSON document as the request body")
     return await run_in_threadpool(state.load_replay, raw)
@@ -652,7 +711,12 @@ async def telemetry_ws(ws: WebSocket):
             await ws.send_text(json.dumps({"type": "hello", "replay_only": True, "meta": meta}))
             await closed
             return
-        sub = state.telemetry.hub.subscribe(max_queue=256)
+        try:
+            sub = state.telemetry.hub.subscribe()
+        except TooManySubscribers as exc:
+            await ws.send_text(json.dumps({"type": "error", "error": str(exc)}))
+            await ws.close(code=1013, reason="too many viewers")        # 1013: try again later
+            return
         await ws.send_text(json.dumps({**state.telemetry.hello(), "replay_only": False}))
         while True:
             batch = asyncio.ensure_future(sub.get_text())     # frames arrive JSON-encoded once for all viewers
@@ -689,6 +753,8 @@ def create_app(state: AppState, token: str | None = None, ui: bool = True, close
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if close_state:
+            chain_shutdown_signals(state)
         yield
         if close_state:
             await run_in_threadpool(state.close)

@@ -2,10 +2,13 @@
 load generator, the limits and a loaded replay — behind a small set of methods that validate their inputs.
 
 Errors speak for themselves: ValueError (bad input or over a cap, 400), BusyError (at capacity, 429),
-NotFoundError (404), NoEngineError (replay-only, 409), telemetry.TimelineError (a malformed timeline, 400).
+NotFoundError (404), NoEngineError (replay-only, 409), ShuttingDownError (503), telemetry.TimelineError (a
+malformed timeline, 400).
 """
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import threading
 import time
@@ -17,10 +20,44 @@ from batchscope.telemetry.nvml import BUSY_NOTE
 
 from .loadgen import BurstManager, BusyError, Limits
 
-__all__ = ["AppState", "Limits", "BusyError", "NotFoundError", "NoEngineError"]
+__all__ = ["AppState", "Limits", "BusyError", "NotFoundError", "NoEngineError", "ShuttingDownError",
+           "MAX_REPLAY_BYTES", "MAX_JSON_DEPTH", "json_depth_over"]
 
 DEFAULT_NEW_TOKENS = 128           # when a caller does not say (capped by the limit)
 RECORDING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# An uploaded timeline: twice the largest recording this server keeps (telemetry.recorder.MAX_RECORDING_BYTES)
+# and above the live ring's export (~30-40 MiB at 20,000 steps), so whatever it exports it can replay. Parsing
+# and validating 64 MiB takes ~350 MB and ~20 s of one core; one replay is loaded at a time.
+MAX_REPLAY_BYTES = 64 << 20
+# JSON nesting accepted in any body: timelines and API bodies need under 10 levels; parsers recurse per level
+MAX_JSON_DEPTH = 64
+
+
+class ShuttingDownError(RuntimeError):
+    """The server is shutting down: no new work is taken (503)."""
+
+
+# ------------------------------------------------------------------------------------------------ JSON depth
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_DEPTH_STEP = [0] * 256
+for _b in b"[{":
+    _DEPTH_STEP[_b] = 1
+for _b in b"]}":
+    _DEPTH_STEP[_b] = -1
+
+
+def json_depth_over(raw: bytes | str, limit: int = MAX_JSON_DEPTH) -> int | None:
+    """The nesting depth of a JSON text when it is over `limit`, else None; without parsing it, so that a
+    recursive parser never meets it. Works at C speed: strings are cut out, then the brackets are counted."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return None                     # the common case: too few brackets to nest that deep
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    depth = max(itertools.accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+    return depth if depth > limit else None
 
 
 class NotFoundError(KeyError):
@@ -44,6 +81,10 @@ class AppState:
         self._lock = threading.Lock()
         self._recording: str | None = None
         self._closed = False
+        self._shutting_down = False
+        self._inflight: set = set()    # handles submitted through this state and not finished yet
+        self._inflight_lock = threading.Lock()
+        self._replay_lock = threading.Lock()
         self.bursts: BurstManager | None = None
         if engine is not None:
             self.bursts = BurstManager(engine, self.limits, self.vocab_size, telemetry=telemetry)
@@ -66,10 +107,27 @@ class AppState:
 
     @classmethod
     def from_replay_file(cls, path: str | Path, limits: Limits | None = None) -> "AppState":
-        """Replay-only: no model, the UI shows a recorded timeline. Raises TimelineError if the file is bad."""
-        from batchscope.telemetry import load_timeline
+        """Replay-only: no model, the UI shows a recorded timeline. Raises TimelineError if the file is bad. A
+        local file has no size limit (that is the way to replay one over MAX_REPLAY_BYTES)."""
+        from batchscope.telemetry import TimelineError
 
-        return cls(limits=limits, replay=load_timeline(path))
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
+            raise TimelineError(f"{path}: cannot read: {exc}") from exc
+        return cls(limits=limits, replay=_parse_timeline(raw, str(path)))
+
+    def begin_shutdown(self) -> None:
+        """The server is going down: refuse new work, cancel bursts and every request in flight, so that open
+        streams end now (finish_reason "cancelled") instead of holding the shutdown up. Waits for nothing
+        (the server calls it from its event loop when a shutdown signal arrives)."""
+        self._shutting_down = True
+        if self.bursts is not None:
+            self.bursts.cancel_all()
+        with self._inflight_lock:
+            handles = list(self._inflight)
+        for h in handles:
+            h.cancel()
 
     def close(self) -> None:
         """Stop bursts, telemetry and the engine (in that order). Safe to call twice."""
@@ -77,6 +135,7 @@ class AppState:
             if self._closed:
                 return
             self._closed = True
+        self.begin_shutdown()
         if self.bursts is not None:
             self.bursts.close()
         if self.telemetry is not None:
@@ -115,7 +174,9 @@ class AppState:
 
     def status(self) -> dict:
         out = {**self.health(), "busy_note": BUSY_NOTE, "limits": vars(self.limits).copy(),
-               "uptime_s": time.time() - self.started, "replay_loaded": self.replay is not None}
+               "uptime_s": time.time() - self.started, "replay_loaded": self.replay is not None,
+               "rss_mb": rss_mb(), "shutting_down": self._shutting_down,
+               "max_replay_bytes": MAX_REPLAY_BYTES, "max_json_depth": MAX_JSON_DEPTH}
         if self.engine is None:
             meta = (self.replay or {}).get("meta", {})
             out.update(gpu_name=meta.get("gpu"), dtype=meta.get("dtype"), nvml_available=False,
@@ -129,10 +190,13 @@ class AppState:
             kv_blocks_used=stats.get("kv_blocks_used"), kv_blocks_total=total,
             kv_usage=(stats.get("kv_blocks_used", 0) / total) if total else None,
             bursts_running=self.bursts.running() if self.bursts else 0,
+            bursts=self.bursts.status() if self.bursts else None,
             recording=self._recording,
+            inflight=self._inflight_count(), max_inflight=self.max_inflight,
         )
         tel = self.telemetry.status() if self.telemetry is not None else {}
         out["telemetry"] = tel
+        out["recordings"] = tel.get("recordings")
         out["nvml_available"] = bool(tel.get("nvml"))
         out["nvml_reason"] = tel.get("nvml_reason")
         out["busy_note"] = tel.get("busy_note") or BUSY_NOTE
@@ -218,14 +282,36 @@ class AppState:
                              f"the model's context of {max_len} tokens")
         return params
 
+    @property
+    def max_inflight(self) -> int:
+        """Requests submitted here and not finished: the queue limit plus what the engine runs at once. The
+        engine's own count misses submissions it has not picked up yet, so a flood could pass it."""
+        running = (self.engine.info.get("max_running") or 0) if self.engine is not None else 0
+        return self.limits.max_waiting_requests + running
+
+    def _inflight_count(self) -> int:
+        with self._inflight_lock:
+            self._inflight = {h for h in self._inflight if not h.done}
+            return len(self._inflight)
+
     def submit(self, ids: list[int], params: SamplingParams):
         """Queue one request (refused with 429 when the engine's queue is already deep)."""
         eng = self._need_engine()
+        if self._shutting_down:
+            raise ShuttingDownError("the server is shutting down")
         waiting = eng.stats().get("waiting", 0)
         if waiting >= self.limits.max_waiting_requests:
             raise BusyError(f"{waiting} requests already waiting (limit {self.limits.max_waiting_requests}); "
                              "retry later")
-        return eng.submit(ids, params)
+        with self._inflight_lock:
+            self._inflight = {h for h in self._inflight if not h.done}
+            if len(self._inflight) >= self.max_inflight:
+                raise BusyError(f"{len(self._inflight)} requests in flight (limit {self.max_inflight}); retry later")
+            handle = eng.submit(ids, params)
+            self._inflight.add(handle)
+        if self._shutting_down:          # begin_shutdown ran while we submitted: it may have missed this one
+            handle.cancel()
+        return handle
 
     def generate_stream(self, prompt: str, max_new_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
                         top_k: int = 0, seed: int | None = None, ignore_eos: bool = False,
@@ -255,6 +341,8 @@ class AppState:
     # --------------------------------------------------------------------------------------------- load tests
     def start_burst(self, spec: dict) -> str:
         self._need_engine()
+        if self._shutting_down:
+            raise ShuttingDownError("the server is shutting down")
         return self.bursts.start_burst(self._check_context(spec))
 
     def burst_status(self, burst_id: str) -> dict:
@@ -266,6 +354,8 @@ class AppState:
 
     def start_ab(self, spec: dict) -> str:
         self._need_engine()
+        if self._shutting_down:
+            raise ShuttingDownError("the server is shutting down")
         return self.bursts.start_ab(self._check_context(spec))
 
     def ab_status(self, ab_id: str) -> dict:
@@ -320,6 +410,7 @@ class AppState:
                 raise ValueError(f"recording {self._recording!r} is already running; stop it first")
             result = tel.start_recording(name)
             self._recording = name
+        # `dropped_recordings`: the oldest recordings forgotten to keep the count and byte caps
         return {"recording": name, "state": "recording", **(result if isinstance(result, dict) else {})}
 
     def stop_recording(self) -> dict:
@@ -329,12 +420,21 @@ class AppState:
                 raise ValueError("no recording is running")
             name, self._recording = self._recording, None
             summary = tel.stop_recording()
-        return {"recording": name, "state": "stopped", "summary": summary}
+        # `stored` says whether it hit its caps (truncated) and what it dropped
+        return {"recording": name, "state": "stopped", "summary": summary, "stored": tel.recording_info(name)}
 
     def recordings(self) -> dict:
         if self.telemetry is None:
-            return {"recordings": [], "active": None}
-        return {"recordings": self.telemetry.recordings(), "active": self._recording}
+            return {"recordings": [], "active": None, "details": [], "limits": None}
+        status = self.telemetry.status()["recordings"]
+        details = []
+        for name in self.telemetry.recordings():
+            try:
+                details.append(self.telemetry.recording_info(name))
+            except KeyError:            # dropped meanwhile
+                pass
+        return {"recordings": [d["name"] for d in details], "active": self._recording, "details": details,
+                "limits": status}
 
     def _recording_names(self) -> set[str]:
         return set(self.telemetry.recordings())
@@ -345,9 +445,65 @@ class AppState:
 
     def load_replay(self, obj) -> dict:
         """Validate a timeline and keep it for the UI's replay view. `obj`: a dict, JSON bytes, or a str (JSON
-        text or a file path, e.g. a Gradio upload). Raises telemetry.TimelineError saying where and why."""
-        from batchscope.telemetry import load_timeline
+        text or a file path, e.g. a Gradio upload), at most MAX_REPLAY_BYTES and MAX_JSON_DEPTH deep. Raises
+        telemetry.TimelineError saying where and why, BusyError while another replay is being loaded."""
+        from batchscope.telemetry import TimelineError, validate_timeline
 
-        self.replay = load_timeline(obj)
+        # one at a time: each holds its text and parsed records (~5x the text) until it is done
+        if not self._replay_lock.acquire(blocking=False):
+            raise BusyError("another timeline is being loaded for replay; retry when it is done")
+        try:
+            if isinstance(obj, dict):
+                try:
+                    replay = validate_timeline(obj)
+                except RecursionError:  # a dict built in Python can nest as deep as it likes
+                    raise TimelineError("timeline: nested too deeply to validate") from None
+            else:
+                raw = obj
+                if isinstance(obj, Path) or (isinstance(obj, str) and not obj.lstrip().startswith(("{", "["))):
+                    size = _file_size(obj)
+                    if size > MAX_REPLAY_BYTES:
+                        raise ValueError(f"timeline file is {size >> 20} MiB, over the replay limit of "
+                                         f"{MAX_REPLAY_BYTES >> 20} MiB")
+                    raw = Path(obj).read_bytes()
+                elif len(obj) > MAX_REPLAY_BYTES:
+                    raise ValueError(f"timeline is {len(obj) >> 20} MiB, over the replay limit of "
+                                     f"{MAX_REPLAY_BYTES >> 20} MiB")
+                replay = _parse_timeline(raw)
+            self.replay = replay
+        finally:
+            self._replay_lock.release()
         return {"loaded": True, "steps": len(self.replay.get("steps", [])),
                 "requests": len(self.replay.get("requests", [])), "meta": self.replay.get("meta", {})}
+
+
+def _file_size(path) -> int:
+    from batchscope.telemetry import TimelineError
+
+    try:
+        return os.stat(path).st_size
+    except OSError as exc:
+        raise TimelineError(f"{path}: cannot read: {exc}") from exc
+
+
+def _parse_timeline(raw: bytes | str, name: str = "timeline") -> dict:
+    """load_timeline on JSON text, refusing nesting deeper than MAX_JSON_DEPTH before any parser recurses."""
+    from batchscope.telemetry import TimelineError, load_timeline
+
+    depth = json_depth_over(raw)
+    if depth is not None:
+        raise TimelineError(f"{name}: JSON nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}")
+    try:
+        return load_timeline(raw)
+    except RecursionError:              # cannot happen within the depth limit; a 500 would be worse
+        raise TimelineError(f"{name}: JSON nested too deeply to parse") from None
+
+
+def rss_mb() -> float | None:
+    """This process's resident memory in MiB (None where psutil cannot tell)."""
+    try:
+        import psutil
+
+        return round(psutil.Process().memory_info().rss / (1 << 20), 1)
+    except Exception:
+        return None

@@ -5,6 +5,7 @@ subscriber, never a wait. A flusher thread wakes ~20 times a second, drains what
 (a short list of messages: "mode", "steps", "requests", "nvml", every few frames "stats"), encodes its JSON once
 and offers it to every subscriber. A subscriber whose queue is full loses its oldest frame; its next `get` starts
 with a {"type": "dropped"} notice saying how many frames it lost. So a stalled viewer costs the engine nothing.
+Each queue is bounded in frames and in bytes, and the number of subscribers is capped (`TooManySubscribers`).
 """
 from __future__ import annotations
 
@@ -15,16 +16,26 @@ from collections import deque
 from collections.abc import Callable
 
 
+MAX_SUBSCRIBERS = 64                    # live viewers at once; each costs a queue and a send per frame
+MAX_QUEUE_FRAMES = 256                  # per viewer: ~13 s of frames at 20 frames/s
+MAX_QUEUE_BYTES = 8 << 20               # per viewer: frames are shared, but a stalled viewer pins what it holds
+
+
 class SubscriptionClosed(Exception):
     """The subscription (or the whole hub) was closed and every queued frame has been read."""
 
 
+class TooManySubscribers(RuntimeError):
+    """The hub already feeds its maximum number of viewers."""
+
+
 class Frame:
-    __slots__ = ("messages", "texts")
+    __slots__ = ("messages", "texts", "nbytes")
 
     def __init__(self, messages: list):
         self.messages = messages
         self.texts = [json.dumps(m, separators=(",", ":"), default=str) for m in messages]
+        self.nbytes = sum(len(t) for t in self.texts)
 
 
 def _dropped_notice(frames: int, total: int) -> dict:
@@ -35,11 +46,14 @@ class Subscription:
     """One viewer's queue. Create it with `Hub.subscribe` from inside an asyncio task; read with `await get()`
     (message dicts, shared between viewers: do not modify them) or `await get_text()` (the same, JSON-encoded)."""
 
-    def __init__(self, hub: Hub, max_queue: int, loop: asyncio.AbstractEventLoop | None):
+    def __init__(self, hub: Hub, max_queue: int, loop: asyncio.AbstractEventLoop | None,
+                 max_bytes: int = MAX_QUEUE_BYTES):
         self._hub = hub
         self.max_queue = max(1, int(max_queue))
+        self.max_bytes = max(1, int(max_bytes))
         self._loop = loop
         self._frames: deque[Frame] = deque()
+        self._bytes = 0
         self._lock = threading.Lock()
         self._ready = asyncio.Event()
         self._waiting = False
@@ -53,11 +67,14 @@ class Subscription:
         with self._lock:
             if self.closed:
                 return
-            if len(self._frames) >= self.max_queue:
-                self._frames.popleft()
+            # the newest frame always stays, even one over the byte cap on its own
+            while self._frames and (len(self._frames) >= self.max_queue or
+                                    self._bytes + frame.nbytes > self.max_bytes):
+                self._bytes -= self._frames.popleft().nbytes
                 self.dropped_frames += 1
                 self._unreported += 1
             self._frames.append(frame)
+            self._bytes += frame.nbytes
             wake = self._waiting
             self._waiting = False
         if wake:
@@ -76,6 +93,7 @@ class Subscription:
             if not self._frames:
                 return None
             frame = self._frames.popleft()
+            self._bytes -= frame.nbytes
             lost, self._unreported = self._unreported, 0
         self.delivered_frames += 1
         out = list(frame.texts if text else frame.messages)
@@ -121,19 +139,27 @@ class Subscription:
     def queued(self) -> int:
         return len(self._frames)
 
+    def queued_bytes(self) -> int:
+        return self._bytes
+
     def close(self) -> None:
         with self._lock:
             if self.closed:
                 return
             self.closed = True
-        self._hub._remove(self)
+        self._hub._remove(self, self.dropped_frames)
         self._wake()
 
 
 class Hub:
     def __init__(self, stats: Callable[[], dict] | None = None, hz: float = 20.0, max_pending: int = 20_000,
-                 stats_every: int = 5, start: bool = True):
+                 stats_every: int = 5, start: bool = True, max_subscribers: int = MAX_SUBSCRIBERS,
+                 max_queue_bytes: int = MAX_QUEUE_BYTES):
         self.period = 1.0 / hz
+        self.max_subscribers = max_subscribers
+        self.max_queue_bytes = max_queue_bytes
+        self.refused_subscribers = 0
+        self.dropped_frames_closed = 0  # frames lost by viewers that have left
         self._stats = stats
         self.stats_every = max(1, stats_every)
         self._pending: deque = deque(maxlen=max_pending)
@@ -167,20 +193,36 @@ class Hub:
             self.pending_overflow += 1
         self._pending.append((kind, obj))
 
-    def subscribe(self, max_queue: int = 256) -> Subscription:
+    def subscribe(self, max_queue: int = MAX_QUEUE_FRAMES) -> Subscription:
+        """A new viewer's queue; raises TooManySubscribers when the hub already feeds `max_subscribers`."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None                # polled with get_nowait() from a thread
-        sub = Subscription(self, max_queue, loop)
+        sub = Subscription(self, max_queue, loop, self.max_queue_bytes)
         with self._subs_lock:
+            if len(self._subs) >= self.max_subscribers:
+                self.refused_subscribers += 1
+                raise TooManySubscribers(f"{len(self._subs)} viewers already connected (limit "
+                                         f"{self.max_subscribers})")
             self._subs.append(sub)
         return sub
 
-    def _remove(self, sub: Subscription) -> None:
+    def _remove(self, sub: Subscription, dropped_frames: int = 0) -> None:
         with self._subs_lock:
             if sub in self._subs:
                 self._subs.remove(sub)
+                self.dropped_frames_closed += dropped_frames
+
+    def status(self) -> dict:
+        with self._subs_lock:
+            subs = list(self._subs)
+        return {"subscribers": len(subs), "max_subscribers": self.max_subscribers,
+                "refused_subscribers": self.refused_subscribers, "pending": len(self._pending),
+                "pending_overflow": self.pending_overflow, "frames_sent": self.frames_sent,
+                "queued_frames": sum(s.queued() for s in subs), "queued_bytes": sum(s.queued_bytes() for s in subs),
+                "max_queue_bytes": self.max_queue_bytes,
+                "dropped_frames": self.dropped_frames_closed + sum(s.dropped_frames for s in subs)}
 
     @property
     def subscribers(self) -> int:

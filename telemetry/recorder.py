@@ -8,7 +8,8 @@ half-appended record).
 
 Memory stays flat: the ring keeps the last `ring_steps` steps, `ring_requests` finished requests and
 `ring_nvml` samples; requests still running are capped too; a recording stops storing (and counts what it
-dropped) past its caps; only the last `max_recordings` recordings are kept.
+dropped) past its caps, of which one is its estimated JSON size; only the last `max_recordings` recordings are
+kept, and the oldest go sooner when all of them together would pass `max_recordings_bytes`.
 """
 from __future__ import annotations
 
@@ -23,12 +24,38 @@ from .clock import EventClock
 from .idle import IdleAttributor
 from .records import mode_record, request_record, step_record
 
+MAX_RECORDINGS = 8                      # named recordings kept; starting one more drops the oldest
+MAX_RECORDING_STEPS = 200_000           # per recording and kind of record
+# A recording stops storing once its export would pass this: half the server's replay limit (64 MiB), so any
+# recording can be uploaded back. Parsed records take ~5 bytes of memory per byte of JSON (measured).
+MAX_RECORDING_BYTES = 32 << 20
+MAX_RECORDINGS_BYTES = 96 << 20         # all kept recordings together, the running one counted at its cap
+MAX_DROPPED_NAMES = 32                  # names of dropped recordings remembered for the status
+
+# Compact-JSON bytes of a record, estimated without encoding it (encoding a step costs ~10 µs on the engine
+# thread). Calibrated on real GPU timelines with times of 10 digits, so they err on the large side.
+STEP_JSON_BYTES = 850                   # plus each request id it lists
+REQUEST_JSON_BYTES = 220                # plus each token time
+TOKEN_JSON_BYTES = 12
+NVML_JSON_BYTES = 200
+MODE_JSON_BYTES = 80
+
+
+def json_bytes_estimate(kind: str, rec: dict) -> int:
+    if kind == "steps":
+        ids = rec.get("request_ids") or ()
+        return STEP_JSON_BYTES + (len(ids) * (len(ids[-1]) + 3) if ids else 0)
+    if kind == "requests":
+        return REQUEST_JSON_BYTES + TOKEN_JSON_BYTES * len(rec.get("token_us") or ())
+    return NVML_JSON_BYTES if kind == "nvml" else MODE_JSON_BYTES
+
 
 class Recording:
     """A named window of records. Its steps/nvml/mode changes are appended live; requests join when they
     finish (those still running at stop are added as they were)."""
 
-    def __init__(self, name: str, start_us: float, max_steps: int, max_requests: int, max_nvml: int):
+    def __init__(self, name: str, start_us: float, max_steps: int, max_requests: int, max_nvml: int,
+                 max_bytes: int = MAX_RECORDING_BYTES):
         self.name = name
         self.start_us = start_us
         self.stop_us: float | None = None
@@ -38,20 +65,42 @@ class Recording:
         self.mode_changes: list = []
         self.caps = {"steps": max_steps, "requests": max_requests, "nvml": max_nvml, "mode_changes": max_steps}
         self.dropped = {"steps": 0, "requests": 0, "nvml": 0, "mode_changes": 0}
+        self.max_bytes = max_bytes
+        self.bytes = 0                  # estimated JSON size of what it holds
+        self.full = False               # the byte cap was reached: nothing of any kind is kept after
+        self.full_at_us: float | None = None    # when (session µs), where the record that hit it says
         self.summary: dict | None = None
 
     def add(self, kind: str, rec: dict) -> None:
         items = getattr(self, kind)
-        if len(items) < self.caps[kind]:
-            items.append(rec)
-        else:
-            self.dropped[kind] += 1
+        if not self.full and len(items) < self.caps[kind]:
+            size = json_bytes_estimate(kind, rec)
+            if self.bytes + size <= self.max_bytes:
+                items.append(rec)
+                self.bytes += size
+                return
+            # one cut for every kind, so that what is kept is a consistent window
+            self.full = True
+            self.full_at_us = _step_end(rec) if kind == "steps" else rec.get("t_us", rec.get("finish_us"))
+        self.dropped[kind] += 1
+
+    @property
+    def truncated(self) -> bool:
+        return self.full or any(self.dropped.values())
+
+    def info(self) -> dict:
+        return {"name": self.name, "state": "recording" if self.stop_us is None else "stopped",
+                "start_us": self.start_us, "stop_us": self.stop_us, "bytes": self.bytes, "max_bytes": self.max_bytes,
+                "steps": len(self.steps), "requests": len(self.requests), "nvml": len(self.nvml),
+                "truncated": self.truncated, "full": self.full, "full_at_us": self.full_at_us,
+                "dropped": dict(self.dropped)}
 
 
 class Recorder:
     def __init__(self, origin_ns: int, ring_steps: int = 20000, ring_requests: int = 4096,
                  ring_nvml: int = 12000, max_active: int = 8192, publish: Callable[[str, object], None] | None = None,
-                 max_recording_steps: int = 200_000, max_recordings: int = 8):
+                 max_recording_steps: int = MAX_RECORDING_STEPS, max_recordings: int = MAX_RECORDINGS,
+                 max_recording_bytes: int = MAX_RECORDING_BYTES, max_recordings_bytes: int = MAX_RECORDINGS_BYTES):
         self.origin_ns = origin_ns
         self.steps: deque = deque(maxlen=ring_steps)
         self.requests: deque = deque(maxlen=ring_requests)     # finished requests
@@ -69,9 +118,13 @@ class Recorder:
         self.observer_max_ns = 0
         self.evicted_active = 0
         self.max_recording_steps = max_recording_steps
-        self.max_recordings = max_recordings
+        self.max_recordings = max(1, max_recordings)
+        self.max_recording_bytes = max_recording_bytes
+        self.max_recordings_bytes = max(max_recordings_bytes, max_recording_bytes)
         self.recording: Recording | None = None
         self.recordings: OrderedDict[str, Recording] = OrderedDict()
+        self.dropped_recordings = 0
+        self.dropped_names: deque = deque(maxlen=MAX_DROPPED_NAMES)
         self._lock = threading.Lock()       # guards only the switch of `recording` against appends to it
 
     # ---- the engine thread -------------------------------------------------------------------------------
@@ -197,19 +250,36 @@ class Recorder:
         return {"steps": _in_step_order(list(self.steps)), "requests": list(self.requests) + self.active_requests(),
                 "nvml": list(self.nvml), "mode_changes": list(self.mode_changes)}
 
-    def start_recording(self, name: str, now_us: float) -> Recording:
+    def start_recording(self, name: str, now_us: float) -> tuple[Recording, list[str]]:
         """Start a named recording; a recording already running is stopped first. A name used before is
-        replaced."""
-        rec = Recording(name, now_us, self.max_recording_steps, self.max_recording_steps, self.max_recording_steps)
+        replaced. Returns it and the names of the older recordings dropped to make room for it: the oldest go
+        first, until the count and the byte budget (the new one counted at its cap) both hold."""
+        rec = Recording(name, now_us, self.max_recording_steps, self.max_recording_steps, self.max_recording_steps,
+                        self.max_recording_bytes)
         with self._lock:
             previous, self.recording = self.recording, rec
         if previous is not None:
             self._finish(previous, now_us)
         self.recordings.pop(name, None)
+        dropped = []
+        while self.recordings and (len(self.recordings) >= self.max_recordings or
+                                   self.stored_bytes() + rec.max_bytes > self.max_recordings_bytes):
+            old, _ = self.recordings.popitem(last=False)
+            dropped.append(old)
         self.recordings[name] = rec
-        while len(self.recordings) > self.max_recordings:
-            self.recordings.popitem(last=False)
-        return rec
+        self.dropped_recordings += len(dropped)
+        self.dropped_names.extend(dropped)
+        return rec, dropped
+
+    def stored_bytes(self) -> int:
+        return sum(r.bytes for r in list(self.recordings.values()))
+
+    def recordings_status(self) -> dict:
+        return {"count": len(self.recordings), "max_count": self.max_recordings, "bytes": self.stored_bytes(),
+                "max_bytes": self.max_recordings_bytes, "max_bytes_each": self.max_recording_bytes,
+                "policy": "drop-oldest", "dropped": self.dropped_recordings,
+                "dropped_names": list(self.dropped_names),
+                "truncated": [r.name for r in list(self.recordings.values()) if r.truncated]}
 
     def stop_recording(self, now_us: float) -> Recording | None:
         with self._lock:
@@ -236,6 +306,11 @@ class Recorder:
             requests += [r for r in self.active_requests() if r["id"] not in known]
         return rec, {"steps": _in_step_order(list(rec.steps)), "requests": requests, "nvml": list(rec.nvml),
                      "mode_changes": list(rec.mode_changes)}
+
+
+def _step_end(rec: dict) -> float | None:
+    ends = [b for _, b in (rec.get("cpu") or {}).values()]
+    return max(ends) if ends else None
 
 
 def _in_step_order(steps: list) -> list:

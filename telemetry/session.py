@@ -13,10 +13,10 @@ import dataclasses
 import time
 
 from .export import build_timeline, created_now, shift_records
-from .hub import Hub, request_view
+from .hub import MAX_SUBSCRIBERS, Hub, request_view
 from .nvml import BUSY_NOTE, Sampler, unix_origin_ns
 from .perfetto import to_perfetto
-from .recorder import Recorder
+from .recorder import MAX_RECORDING_BYTES, MAX_RECORDING_STEPS, MAX_RECORDINGS, MAX_RECORDINGS_BYTES, Recorder
 from .records import SCHEMA_ID, span_end, span_start
 from .summary import compare, summarize, union_length
 
@@ -24,7 +24,9 @@ from .summary import compare, summarize, union_length
 class Telemetry:
     def __init__(self, engine, nvml_hz: float = 20.0, ring_steps: int = 20000, bandwidth_gbps: float | None = None,
                  *, hub_hz: float = 20.0, hub_max_pending: int = 20_000, ring_requests: int = 4096,
-                 recent_s: float = 5.0, max_recording_steps: int = 200_000):
+                 recent_s: float = 5.0, max_recording_steps: int = MAX_RECORDING_STEPS,
+                 max_recordings: int = MAX_RECORDINGS, max_recording_bytes: int = MAX_RECORDING_BYTES,
+                 max_recordings_bytes: int = MAX_RECORDINGS_BYTES, max_subscribers: int = MAX_SUBSCRIBERS):
         self.engine = engine
         self.origin_ns = time.perf_counter_ns()
         self.unix_origin_ns = unix_origin_ns(self.origin_ns)
@@ -35,10 +37,11 @@ class Telemetry:
         self.last_observer_error: str | None = None
         self._closed = False
 
-        self.hub = Hub(stats=self._live_stats, hz=hub_hz, max_pending=hub_max_pending)
+        self.hub = Hub(stats=self._live_stats, hz=hub_hz, max_pending=hub_max_pending, max_subscribers=max_subscribers)
         self.recorder = Recorder(self.origin_ns, ring_steps=ring_steps, ring_requests=ring_requests,
                                  ring_nvml=int(max(nvml_hz, 1.0) * 600), publish=self.hub.publish,
-                                 max_recording_steps=max_recording_steps)
+                                 max_recording_steps=max_recording_steps, max_recordings=max_recordings,
+                                 max_recording_bytes=max_recording_bytes, max_recordings_bytes=max_recordings_bytes)
         device = self.info.get("device") or getattr(getattr(engine, "config", None), "device", None)
         self.device = str(device) if device is not None else None
         self.sampler = Sampler(self.recorder.on_sample, self.now_us, self.device, hz=nvml_hz,
@@ -82,7 +85,10 @@ class Telemetry:
             "observer_us_max": round(rec.observer_max_ns / 1000, 1),
             "last_observer_error": self.last_observer_error,
             "recording": rec.recording.name if rec.recording else None,
+            "recordings": rec.recordings_status(),
+            "evicted_active_requests": rec.evicted_active,
             "subscribers": self.hub.subscribers, "hub_pending_overflow": self.hub.pending_overflow,
+            "hub": self.hub.status(),
         }
 
     def _config(self) -> dict:
@@ -127,9 +133,12 @@ class Telemetry:
                 "busy_pct_1s": round(busy / 1e4, 2), "subscribers": self.hub.subscribers}
 
     # ---- recordings, summaries, export -----------------------------------------------------------------------
-    def start_recording(self, name: str) -> None:
-        """Start recording under `name` (a recording already running is stopped first)."""
-        self.recorder.start_recording(str(name), self.now_us())
+    def start_recording(self, name: str) -> dict:
+        """Start recording under `name` (a recording already running is stopped first). Returns its caps and
+        the older recordings dropped to make room for it."""
+        rec, dropped = self.recorder.start_recording(str(name), self.now_us())
+        return {"max_bytes": rec.max_bytes, "max_steps": rec.caps["steps"], "dropped_recordings": dropped,
+                "recordings": self.recorder.recordings_status()}
 
     def stop_recording(self) -> dict:
         """Stop the running recording and return its summary ({} when none was running)."""
@@ -144,6 +153,13 @@ class Telemetry:
 
     def recordings(self) -> list[str]:
         return list(self.recorder.recordings)
+
+    def recording_info(self, name: str) -> dict:
+        """What a recording holds and whether it was cut short (KeyError for an unknown name)."""
+        rec = self.recorder.recordings.get(name)
+        if rec is None:
+            raise KeyError(f"no recording named {name!r}")
+        return rec.info()
 
     def summary(self, t0_us: float | None = None, t1_us: float | None = None) -> dict:
         """Summary of the live ring over [t0_us, t1_us) (session µs; None: from the first / to the last step)."""
@@ -167,7 +183,8 @@ class Telemetry:
             parts = shift_records(raw, -origin)
             t0, t1 = _window(parts["steps"], 0.0, rec.stop_us - origin if rec.stop_us is not None else None)
             rec_meta = {"name": rec.name, "start_us": rec.start_us, "stop_us": rec.stop_us,
-                        "dropped": dict(rec.dropped)}
+                        "dropped": dict(rec.dropped), "truncated": rec.truncated, "full": rec.full,
+                        "full_at_us": rec.full_at_us, "bytes_estimate": rec.bytes}
         summary = summarize(parts["steps"], parts["requests"], parts["nvml"], self.info, self.bandwidth_gbps,
                             t0, t1)
         return build_timeline(self._meta(rec_meta, origin), parts["steps"], parts["requests"], parts["nvml"],
