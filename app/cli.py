@@ -1,4 +1,4 @@
-"""`batchscope serve | replay | bench`: the command line."""
+"""`batchscope serve | replay | bench | soak`: the command line."""
 from __future__ import annotations
 
 import argparse
@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     bench.add_arguments(b)
     b.set_defaults(func=cmd_bench)
+
+    from . import soak                # stdlib only: it drives a server that runs elsewhere
+
+    k = sub.add_parser("soak", help="a long mixed load against a running server: checks nothing is lost, "
+                                    "repeated or leaked", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    soak.add_arguments(k)
+    k.set_defaults(func=cmd_soak)
     return p
 
 
@@ -131,6 +138,12 @@ def cmd_bench(args) -> int:
     from . import bench
 
     return bench.main(args) or 0
+
+
+def cmd_soak(args) -> int:
+    from . import soak
+
+    return soak.main(args)
 
 
 def _serve(state, args) -> int:

@@ -20,12 +20,13 @@ import collections
 import http.client
 import json
 import math
+import os
 import random
 import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
 ROUTES = {"generate": "/api/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -68,11 +69,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="output tokens per request: drawn in [max/4, max]; canaries use max")
     p.add_argument("--max-prompt-words", type=positive_int, default=40, help="random words per prompt, at most")
     p.add_argument("--seed", type=int, default=0, help="seeds the request mix (same seed, same requests)")
-    p.add_argument("--token", default=None, help="bearer token, when the server was started with --token")
+    p.add_argument("--token", default=os.environ.get("BATCHSCOPE_TOKEN") or None,
+                   help="bearer token, when the server was started with --token (default: $BATCHSCOPE_TOKEN)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may stay silent")
     p.add_argument("--settle-timeout", type=float, default=30.0,
                    help="seconds to wait after the run for the server to drain and free its KV blocks")
     p.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines (0: none)")
+    p.add_argument("--sample-every", type=float, default=5.0,
+                   help="seconds between GET /api/status samples (RSS, KV, queue) kept in the report (0: none)")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the full report here")
 
 
@@ -92,7 +96,8 @@ def _say(msg: str) -> None:
 @dataclass
 class Plan:
     n: int
-    marker: str                     # unique per request: in the prompt (or the `user` field for canaries)
+    marker: str                     # unique per request: in the prompt, and as `user` on the OpenAI routes
+                                    # (canaries share their prompt on purpose)
     route: str
     stream: bool
     max_new_tokens: int
@@ -129,7 +134,7 @@ def make_plans(args) -> list[Plan]:
 
 def payload(plan: Plan) -> dict:
     if plan.route == "generate":
-        # the canaries always go raw, so every route family answers one fixed prompt the same way
+        # canaries go raw: all answers to one canary on this route share one prompt
         return {"prompt": plan.prompt, "max_new_tokens": plan.max_new_tokens, "ignore_eos": True,
                 "temperature": plan.temperature, "seed": plan.seed, "stream": plan.stream,
                 "chat": plan.chat and plan.canary is None}
@@ -283,6 +288,7 @@ def _read_whole(plan: Plan, resp, out: Outcome) -> None:
         usage = body.get("usage") or {}
         out.output_tokens = usage.get("completion_tokens")
         if len(choices) != 1:
+            out.status = "completed"            # answered, but not with exactly one choice
             _note(out, "duplicated" if len(choices) > 1 else "wrong_length", f"{len(choices)} choices")
             return
         c = choices[0]
@@ -527,7 +533,8 @@ def settle(client: Client, kv_start: int | None, timeout: float) -> tuple[dict, 
     deadline = time.monotonic() + timeout
     while True:
         st = _status(client)
-        idle = not st.get("queue") and not st.get("running") and not st.get("bursts_running")
+        # `inflight` (handles the server has not seen finish) is absent on older servers
+        idle = not (st.get("queue") or st.get("running") or st.get("bursts_running") or st.get("inflight"))
         if idle and (kv_start is None or st.get("kv_blocks_used") == kv_start):
             return st, True
         if time.monotonic() > deadline:
@@ -590,15 +597,39 @@ def run_soak(args) -> dict:
                for k in range(min(args.concurrency, len(plans)))]
     for w in workers:
         w.start()
-    last = time.monotonic()
+    samples: list[dict] = []
+    status_errors: list[str] = []
+
+    def sample() -> dict:
+        done = sum(o is not None for o in outcomes)
+        try:
+            st = _status(client)
+        except (OSError, RuntimeError) as e:
+            status_errors.append(repr(e))
+            return {}
+        hub = (st.get("telemetry") or {}).get("hub") or {}
+        samples.append({"t_s": round(time.perf_counter() - t0, 1), "done": done, "rss_mb": st.get("rss_mb"),
+                        "kv_blocks_used": st.get("kv_blocks_used"), "queue": st.get("queue"),
+                        "running": st.get("running"), "inflight": st.get("inflight"), "mode": st.get("mode"),
+                        "viewers": hub.get("subscribers"), "hub_dropped_frames": hub.get("dropped_frames")})
+        return samples[-1]
+
+    last_progress = last_sample = time.monotonic()
     while any(w.is_alive() for w in workers):
         time.sleep(0.2)
-        if args.progress_every and time.monotonic() - last >= args.progress_every:
-            last = time.monotonic()
+        now = time.monotonic()
+        if args.sample_every and now - last_sample >= args.sample_every:
+            last_sample = now
+            sample()
+        if args.progress_every and now - last_progress >= args.progress_every:
+            last_progress = now
             done = [o for o in outcomes if o is not None]
+            rss = samples[-1].get("rss_mb") if samples else None
             _say(f"{len(done)}/{len(plans)} done, {sum(o.bad for o in done)} failed, "
-                 f"{flipper.done if flipper else 0} flips, {time.perf_counter() - t0:.0f} s")
+                 f"{flipper.done if flipper else 0} flips, {time.perf_counter() - t0:.0f} s"
+                 + (f", server RSS {rss} MB" if rss is not None else ""))
     wall = time.perf_counter() - t0
+    at_end = sample() if viewers else {}        # how many viewers the server still counts, before they leave
     stop.set()
     if flipper:
         flipper.join(30)
@@ -611,7 +642,7 @@ def run_soak(args) -> dict:
             pass
     st1, settled = settle(client, st0.get("kv_blocks_used"), args.settle_timeout)
     return report(args, plans, [o for o in outcomes if o is not None], wall, st0, st1, settled, health,
-                  flipper, viewers, viewer_note)
+                  flipper, viewers, viewer_note, samples, status_errors, at_end)
 
 
 def _canary_mismatches(plans: list[Plan], outcomes: list[Outcome]) -> tuple[int, list[dict]]:
@@ -635,7 +666,8 @@ def _canary_mismatches(plans: list[Plan], outcomes: list[Outcome]) -> tuple[int,
     return bad, examples
 
 
-def report(args, plans, outcomes, wall, st0, st1, settled, health, flipper, viewers, viewer_note) -> dict:
+def report(args, plans, outcomes, wall, st0, st1, settled, health, flipper, viewers, viewer_note,
+           samples=(), status_errors=(), at_end=None) -> dict:
     by = collections.Counter(o.status for o in outcomes)
     errors = collections.Counter(o.kind for o in outcomes if o.status == "error")
     lost = collections.Counter(o.kind for o in outcomes if o.status == "lost")
@@ -656,13 +688,17 @@ def report(args, plans, outcomes, wall, st0, st1, settled, health, flipper, view
     flip_errors = flipper.errors if flipper else []
     viewer_errors = [f"viewer {v.i}: {v.error}" for v in viewers if v.error]
     all_errors = dict(errors, **({"mode_flip": len(flip_errors)} if flip_errors else {}),
-                      **({"viewer": len(viewer_errors)} if viewer_errors else {}))
+                      **({"viewer": len(viewer_errors)} if viewer_errors else {}),
+                      **({"status": len(status_errors)} if status_errors else {}))
 
     completed = [o for o in outcomes if o.status == "completed"]
     tokens = sum(o.output_tokens or 0 for o in completed)
     rss0, rss1 = st0.get("rss_mb"), st1.get("rss_mb")
     kv0, kv1 = st0.get("kv_blocks_used"), st1.get("kv_blocks_used")
     leak = not settled
+    # RSS at half-way: warm-up (allocator pools, bounded rings filling) is over by then, a leak keeps growing
+    mid = next((x["rss_mb"] for x in samples if x.get("rss_mb") is not None and x["done"] >= len(plans) / 2),
+               None)
     preempted = set().union(*(v.preempted for v in viewers)) if viewers else set()
     stalled = [v for v in viewers if v.stalled]
     failures = [dict(asdict(o), answer=None) for o in outcomes if o.bad][:MAX_FAILURES_KEPT]
@@ -699,14 +735,20 @@ def report(args, plans, outcomes, wall, st0, st1, settled, health, flipper, view
             "mode_changes_seen_max": max((v.modes_seen for v in viewers), default=None),
             "preempted_requests_seen": len(preempted),
             "stalled_viewer": None if not stalled else
-            ("disconnected by the server" if stalled[0].closed_by_server else "still connected at the end"),
+            ("disconnected by the server" if stalled[0].closed_by_server else "never read a message"),
+            "server_count_at_end": (at_end or {}).get("viewers"),
+            "server_dropped_frames": _delta((at_end or {}).get("hub_dropped_frames"),
+                                            ((st0.get("telemetry") or {}).get("hub") or {}).get("dropped_frames")),
         },
         "server_rss_mb": {"start": rss0, "end": rss1,
-                          "growth": round(rss1 - rss0, 1) if isinstance(rss0, (int, float))
-                          and isinstance(rss1, (int, float)) else None},
+                          "growth": _delta(rss1, rss0),
+                          "half_way": mid, "growth_second_half": _delta(rss1, mid)},
         "kv": {"blocks_used_start": kv0, "blocks_used_end": kv1, "blocks_total": st1.get("kv_blocks_total"),
-               "queue_end": st1.get("queue"), "running_end": st1.get("running"), "leak": leak,
+               "queue_end": st1.get("queue"), "running_end": st1.get("running"),
+               "inflight_end": st1.get("inflight"), "leak": leak,
                "settle_timeout_s": args.settle_timeout},
+        "status_errors": list(status_errors)[:10],
+        "samples": list(samples),
         "failures": failures,
         "canary_mismatch_examples": canary_examples,
     }
@@ -714,6 +756,10 @@ def report(args, plans, outcomes, wall, st0, st1, settled, health, flipper, view
     result["ok"] = not (result["errors_total"] or r["lost"] or r["duplicated"] or r["wrong_length"]
                         or r["canary_mismatches"] or leak)
     return result
+
+
+def _delta(end, start):
+    return round(end - start, 1) if isinstance(end, (int, float)) and isinstance(start, (int, float)) else None
 
 
 def format_report(res: dict) -> str:
@@ -739,10 +785,13 @@ def format_report(res: dict) -> str:
         f"mode flips {res['mode_flips']['done']} (every {res['mode_flips']['every_s']} s, "
         f"{res['mode_flips']['errors']} failed)",
         f"viewers    {v['started']}" + (f" ({v['note']})" if v["note"] else "") +
-        (f": min {v['messages_min']} messages per reader, {v['dropped_frames_total']} frames dropped, stalled "
-         f"one {v['stalled_viewer']}, {v['preempted_requests_seen']} preempted requests seen" if v["started"] else ""),
+        (f": min {v['messages_min']} messages per reader, {v['dropped_frames_total']} frames dropped, the "
+         f"stalled one {v['stalled_viewer']}, server counted {v['server_count_at_end']} at the end; "
+         f"{v['preempted_requests_seen']} preempted requests seen" if v["started"] else ""),
         f"server RSS start {mb(rss['start'])}, end {mb(rss['end'])}, growth "
-        + ("n/a" if rss["growth"] is None else f"{rss['growth']:+.1f} MB"),
+        + ("n/a" if rss["growth"] is None else f"{rss['growth']:+.1f} MB")
+        + ("" if rss["growth_second_half"] is None else
+           f" ({rss['growth_second_half']:+.1f} MB over the second half of the requests)"),
         f"KV blocks  used {kv['blocks_used_start']} at start, {kv['blocks_used_end']} at end "
         f"(of {kv['blocks_total']}); queue {kv['queue_end']}, running {kv['running_end']}: "
         + ("LEAK" if kv["leak"] else "no leak"),
