@@ -107,8 +107,12 @@ def cmd_serve(args) -> int:
         return 2
     limits = Limits(args.max_prompt_tokens, args.max_new_tokens, args.max_burst_requests,
                     args.max_concurrent_bursts, args.max_waiting_requests)
-    with _Ticker(f"loading {args.model} on {args.device}"):
-        state = AppState.load(config, limits)
+    try:
+        with _Ticker(f"loading {args.model} on {args.device}"):
+            state = AppState.load(config, limits)
+    except ValueError as e:          # ConfigError: a model refused at load, or a broken checkpoint folder
+        _say(str(e))
+        return 2
     info = state.engine.info
     _say(f"loaded {info.get('model')} on {info.get('device')} ({info.get('dtype')}), mode {state.engine.mode}")
     return _serve(state, args)

@@ -1,8 +1,9 @@
 """Triton paged attention: a split-K decode kernel and a varlen prefill kernel, both reading the paged KV cache.
 
 Shapes follow engine/attention.py: q [T, H, D] (any strides, last dim contiguous), caches
-[num_blocks, block_size, KVH, D], and an `AttentionMetadata` whose device tensors (query_start_loc, seq_lens,
-block_tables) are the only per-request inputs the kernels read. Nothing here reads a device value on the host, so
+[num_blocks, block_size, KVH, D] for keys and [num_blocks, block_size, KVH, Dv] for values (Dv = D except for
+multi-head latent attention, whose keys are wider than its values), and an `AttentionMetadata` whose device
+tensors (query_start_loc, seq_lens, block_tables) are the only per-request inputs the kernels read. Nothing here reads a device value on the host, so
 both paths are free of host synchronisation, and the decode path is CUDA-graph capturable: its grid depends only on
 the batch size, the number of KV heads and a fixed number of splits.
 
@@ -11,6 +12,8 @@ prefill, several query tokens) are stacked as the rows of one matrix, so every K
 KV head, not once per query head.
 
 Softmax runs online in the log2 domain (scores are pre-multiplied by scale * log2(e) so exp2 can be used).
+With logit soft-capping (Gemma 2) the score is capped in natural units first, cap * tanh(score * scale / cap),
+and then moved to the log2 domain.
 """
 from __future__ import annotations
 
@@ -41,10 +44,21 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Shared inner step: attend a block of query rows to one tile of BLOCK_N keys gathered through the block table.
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
+def _softcap_log2(s, softcap):
+    # cap * tanh(s / cap) in log2 units; tanh from exp of a non-positive argument, so it never overflows
+    x = s / softcap
+    e = tl.exp(-2.0 * tl.abs(x))
+    th = (1.0 - e) / (1.0 + e)
+    th = tl.where(x < 0, -th, th)
+    return th * (softcap * 1.4426950408889634)
+
+
+@triton.jit
 def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head, v_head,
-                 stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, kv_end, window,
+                 stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, softcap, kv_start, kv_end, window,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                 ROW_MASK: tl.constexpr, USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+                 V_DIM: tl.constexpr, DV_PAD: tl.constexpr,
+                 ROW_MASK: tl.constexpr, USE_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
                  DOT_F32: tl.constexpr):
     k_pos = t * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = (k_pos >= kv_start) & (k_pos < kv_end)
@@ -53,16 +67,23 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head
     slot = k_pos % BLOCK_SIZE
     d = tl.arange(0, D_PAD)
     if HEAD_DIM == D_PAD:
-        kv_mask = col_ok[:, None]
+        k_mask = col_ok[:, None]
     else:
-        kv_mask = col_ok[:, None] & (d[None, :] < HEAD_DIM)
+        k_mask = col_ok[:, None] & (d[None, :] < HEAD_DIM)
+    dv = tl.arange(0, DV_PAD)
+    if V_DIM == DV_PAD:
+        v_mask = col_ok[:, None]
+    else:
+        v_mask = col_ok[:, None] & (dv[None, :] < V_DIM)
     k = tl.load(k_cache + k_head + page[:, None] * stride_kb + slot[:, None] * stride_ks + d[None, :],
-                mask=kv_mask, other=0.0)
+                mask=k_mask, other=0.0)
     if DOT_F32:
         s = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
     else:
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
     s = s * qk_scale
+    if SOFTCAP:
+        s = _softcap_log2(s, softcap)    # qk_scale is the plain scale here: the cap applies in natural units
     ok = col_ok[None, :]
     if ROW_MASK:
         # Causal (and sliding-window) limits differ per query row.
@@ -76,8 +97,8 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, t, table_row, k_cache, v_cache, k_head
     p = tl.exp2(s - m_use[:, None])
     alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_cache + v_head + page[:, None] * stride_vb + slot[:, None] * stride_vs + d[None, :],
-                mask=kv_mask, other=0.0)
+    v = tl.load(v_cache + v_head + page[:, None] * stride_vb + slot[:, None] * stride_vs + dv[None, :],
+                mask=v_mask, other=0.0)
     p = p.to(v.dtype)  # the tensor cores take P in the cache's dtype
     if DOT_F32:
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.float32), v.to(tl.float32))
@@ -100,12 +121,13 @@ _STEP_VARYING = ["block_tables", "seq_lens", "query_start_loc", "window", "strid
 @triton.jit(do_not_specialize=_STEP_VARYING + ["num_splits", "min_tiles"])
 def _decode_split_kernel(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, part_out, part_lse, out,
-        qk_scale, window, num_splits, min_tiles,
+        qk_scale, softcap, window, num_splits, min_tiles,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, stride_ot, stride_oh,
         NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-        D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-        USE_WINDOW: tl.constexpr, DIRECT_OUT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
+        D_PAD: tl.constexpr, V_DIM: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DIRECT_OUT: tl.constexpr,
+        PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -131,14 +153,16 @@ def _decode_split_kernel(
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
+    dv = tl.arange(0, DV_PAD)
     head = kvh * G + g
     row_ok = g < G
     q_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
+    o_mask = row_ok[:, None] & (dv[None, :] < V_DIM)
     # Scalar conditions join a block mask through tl.where, not `&`: Triton 3.9's interpreter gives `block & scalar`
     # an int8 mask, which loads and stores reject.
     qv = tl.load(q + row * stride_qt + head[:, None] * stride_qh + d[None, :], mask=tl.where(has_work, q_mask, False), other=0.0)
 
-    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    acc = tl.zeros([G_PAD, DV_PAD], dtype=tl.float32)
     m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([G_PAD], dtype=tl.float32)
     table_row = block_tables + b.to(tl.int64) * stride_bt
@@ -146,24 +170,25 @@ def _decode_split_kernel(
     v_head = kvh * stride_vh
     for t in range(t0, t1):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, qv, None, t, table_row, k_cache, v_cache, k_head, v_head,
-                                     stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, ctx, window,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, False, USE_WINDOW, PRECISION, DOT_F32)
+                                     stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, softcap, kv_start, ctx,
+                                     window, BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, V_DIM, DV_PAD, False, USE_WINDOW,
+                                     SOFTCAP, PRECISION, DOT_F32)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if DIRECT_OUT:
         # One split: the partial is the answer.
-        tl.store(out + row * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
-                 mask=tl.where(has_query, q_mask, False))
+        tl.store(out + row * stride_ot + head[:, None] * stride_oh + dv[None, :], o.to(out.dtype.element_ty),
+                 mask=tl.where(has_query, o_mask, False))
     else:
         # An empty split stores only lse = -inf, which the merge reads as weight 0 (it skips that output slot).
         part = (b * NUM_HEADS + head) * num_splits + split
         tl.store(part_lse + part, tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
         if single:
-            tl.store(out + row * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
-                     mask=tl.where(has_query & has_work, q_mask, False))
+            tl.store(out + row * stride_ot + head[:, None] * stride_oh + dv[None, :], o.to(out.dtype.element_ty),
+                     mask=tl.where(has_query & has_work, o_mask, False))
         else:
-            tl.store(part_out + part[:, None] * HEAD_DIM + d[None, :], o, mask=tl.where(has_work, q_mask, False))
+            tl.store(part_out + part[:, None] * V_DIM + dv[None, :], o, mask=tl.where(has_work, o_mask, False))
 
 
 @triton.jit(do_not_specialize=["query_start_loc", "num_splits"])
@@ -204,12 +229,13 @@ def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, num_splits, s
 @triton.jit(do_not_specialize=_STEP_VARYING + ["num_seqs", "search_steps", "stride_qh"])
 def _prefill_kernel(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
-        qk_scale, window, num_seqs, search_steps,
+        qk_scale, softcap, window, num_seqs, search_steps,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_bt, stride_ot, stride_oh,
         G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+        V_DIM: tl.constexpr, DV_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr,
-        PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
+        SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -235,8 +261,10 @@ def _prefill_kernel(
     i = first_i + r // G_PAD
     g = r % G_PAD
     d = tl.arange(0, D_PAD)
+    dv = tl.arange(0, DV_PAD)
     row_ok = (i < q_len) & (g < G)
     io_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
+    o_mask = row_ok[:, None] & (dv[None, :] < V_DIM)
     tok = (q_start + i).to(tl.int64)
     head = kvh * G + g
     qv = tl.load(q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=io_mask, other=0.0)
@@ -253,7 +281,7 @@ def _prefill_kernel(
     mid_tile = tl.maximum(tl.minimum((first_pos + 1) // BLOCK_N, tl.cdiv(kv_end, BLOCK_N)), lo_tile)
     hi_tile = tl.cdiv(kv_end, BLOCK_N)
 
-    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, DV_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     table_row = block_tables + b.to(tl.int64) * stride_bt
@@ -261,17 +289,19 @@ def _prefill_kernel(
     v_head = kvh * stride_vh
     for t in range(lo_tile, mid_tile):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, qv, q_pos, t, table_row, k_cache, v_cache, k_head, v_head,
-                                     stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, kv_end, window,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, USE_WINDOW, USE_WINDOW, PRECISION, DOT_F32)
+                                     stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, softcap, kv_start, kv_end,
+                                     window, BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, V_DIM, DV_PAD, USE_WINDOW,
+                                     USE_WINDOW, SOFTCAP, PRECISION, DOT_F32)
     for t in range(mid_tile, hi_tile):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, qv, q_pos, t, table_row, k_cache, v_cache, k_head, v_head,
-                                     stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, kv_start, kv_end, window,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, True, USE_WINDOW, PRECISION, DOT_F32)
+                                     stride_kb, stride_ks, stride_vb, stride_vs, qk_scale, softcap, kv_start, kv_end,
+                                     window, BLOCK_SIZE, BLOCK_N, HEAD_DIM, D_PAD, V_DIM, DV_PAD, True, USE_WINDOW,
+                                     SOFTCAP, PRECISION, DOT_F32)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
-    tl.store(out + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(out.dtype.element_ty),
-             mask=io_mask)
+    tl.store(out + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :], o.to(out.dtype.element_ty),
+             mask=o_mask)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -280,35 +310,42 @@ def _prefill_kernel(
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["slot_mapping", "stride_kt", "stride_kh", "stride_vt", "stride_vh"])
 def _write_kv_kernel(key, value, k_cache, v_cache, slot_mapping, stride_kt, stride_kh, stride_vt, stride_vh,
-                     stride_cs, stride_ch, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr,
-                     D_PAD: tl.constexpr):
+                     stride_kcs, stride_kch, stride_vcs, stride_vch, KV_HEADS: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
+                     DV_PAD: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping + t).to(tl.int64)
     h = tl.arange(0, H_PAD)
     d = tl.arange(0, D_PAD)
     mask = (h < KV_HEADS)[:, None] & (d < HEAD_DIM)[None, :]
-    dst = slot * stride_cs + h[:, None] * stride_ch + d[None, :]
     k = tl.load(key + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
-    tl.store(k_cache + dst, k, mask=mask)
-    v = tl.load(value + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
-    tl.store(v_cache + dst, v, mask=mask)
+    tl.store(k_cache + slot * stride_kcs + h[:, None] * stride_kch + d[None, :], k, mask=mask)
+    dv = tl.arange(0, DV_PAD)
+    v_mask = (h < KV_HEADS)[:, None] & (dv < V_DIM)[None, :]
+    v = tl.load(value + t * stride_vt + h[:, None] * stride_vh + dv[None, :], mask=v_mask)
+    tl.store(v_cache + slot * stride_vcs + h[:, None] * stride_vch + dv[None, :], v, mask=v_mask)
+
+
+def _whole_blocks(cache: torch.Tensor) -> bool:
+    return cache.stride(3) == 1 and cache.stride(0) == cache.shape[1] * cache.stride(1)
 
 
 def write_kv_triton(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     slot_mapping: torch.Tensor) -> None:
-    """`engine.attention.write_kv` in one kernel: key/value [T, kv_heads, D] (any strides, last dim contiguous)
-    into caches [num_blocks, block_size, kv_heads, D] sharing one layout."""
+    """`engine.attention.write_kv` in one kernel: keys [T, kv_heads, D] and values [T, kv_heads, Dv] (any
+    strides, last dim contiguous) into caches [num_blocks, block_size, kv_heads, D or Dv]."""
     T, KVH, D = key.shape
+    Dv = value.shape[-1]
     if key.stride(2) != 1 or value.stride(2) != 1:
         key, value = key.contiguous(), value.contiguous()
-    if (k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1
-            or k_cache.stride(0) != k_cache.shape[1] * k_cache.stride(1)):
-        raise ValueError("the K and V caches must share one layout with whole blocks of contiguous slots")
+    if not (_whole_blocks(k_cache) and _whole_blocks(v_cache)) or k_cache.shape[:3] != v_cache.shape[:3]:
+        raise ValueError("the K and V caches must hold the same blocks, each block a run of contiguous slots")
     if T == 0:
         return
     _write_kv_kernel[(T,)](key, value, k_cache, v_cache, slot_mapping, key.stride(0), key.stride(1),
                            value.stride(0), value.stride(1), k_cache.stride(1), k_cache.stride(2),
-                           KV_HEADS=KVH, HEAD_DIM=D, H_PAD=_pow2(KVH), D_PAD=_pow2(D), num_warps=4)
+                           v_cache.stride(1), v_cache.stride(2), KV_HEADS=KVH, HEAD_DIM=D, V_DIM=Dv,
+                           H_PAD=_pow2(KVH), D_PAD=_pow2(D), DV_PAD=_pow2(Dv), num_warps=4)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -356,11 +393,13 @@ def decode_splits(max_model_len: int, block_size: int, batch_size: int | None = 
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta) -> None:
-    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(f"expected q [T, H, D] and caches [blocks, block_size, kv_heads, D], got "
+    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.dim() != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"expected q [T, H, D] and caches [blocks, block_size, kv_heads, D or Dv], got "
                          f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
-    if q.shape[1] % k_cache.shape[2] or q.shape[2] != k_cache.shape[3]:
-        raise ValueError(f"heads {q.shape[1]} must be a multiple of kv heads {k_cache.shape[2]}, head dims equal")
+    if q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k_cache.shape[2]} KV heads")
+    if q.shape[2] != k_cache.shape[3]:
+        raise ValueError(f"query head dim {q.shape[2]} differs from the key cache's {k_cache.shape[3]}")
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("the KV cache's last dimension must be contiguous")
     for name in ("query_start_loc", "seq_lens", "block_tables"):
@@ -368,10 +407,15 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta) 
             raise ValueError(f"meta.{name} must be int32")
 
 
+def _score_scale(scale: float, softcap: float | None) -> float:
+    # without a cap the kernels work in log2 units throughout; with one, the cap needs the natural-unit score
+    return scale if softcap else scale * LOG2E
+
+
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
                  sliding_window: int | None = None, num_splits: int | None = None, block_n: int | None = None,
                  min_split_keys: int = MIN_KEYS_PER_SPLIT, num_warps: int = 4, num_stages: int | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """One query per request (rows with none are skipped). Capturable: the grid is (num_splits, KVH, B).
 
     num_splits: None picks `decode_splits` from the block table's width (the longest context it can hold) and
@@ -382,6 +426,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         q = q.contiguous()
     T, H, D = q.shape
     _, block_size, KVH, _ = k_cache.shape
+    Dv = v_cache.shape[-1]
     B = meta.seq_lens.shape[0]
     G = H // KVH
     if num_splits is None:
@@ -389,52 +434,56 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
             meta.block_tables.shape[1] * block_size, block_size, B, KVH, _num_sms(q.device))
     block_n = block_n or _decode_block_n(q.dtype, D)
     if out is None:
-        out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+        out = torch.empty((T, H, Dv), dtype=q.dtype, device=q.device)
     if T == 0 or B == 0:
         return out
     direct = num_splits == 1
     if direct:
         part_out = part_lse = out  # unused
     else:
-        part_out = torch.empty((B, H, num_splits, D), dtype=torch.float32, device=q.device)
+        part_out = torch.empty((B, H, num_splits, Dv), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((B, H, num_splits), dtype=torch.float32, device=q.device)
     D_PAD = _pow2(max(16, D))
+    DV_PAD = _pow2(max(16, Dv))
     _decode_split_kernel[(num_splits, KVH, B)](
         q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, part_out, part_lse, out,
-        scale * LOG2E, int(sliding_window or 0), num_splits, max(1, min_split_keys // block_n),
+        _score_scale(scale, softcap), float(softcap or 0.0), int(sliding_window or 0), num_splits,
+        max(1, min_split_keys // block_n),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         meta.block_tables.stride(0), out.stride(0), out.stride(1),
-        NUM_HEADS=H, G=G, G_PAD=_pow2(max(16, G)), HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size,
-        BLOCK_N=block_n,
-        USE_WINDOW=bool(sliding_window), DIRECT_OUT=direct, PRECISION=_precision(q.dtype),
+        NUM_HEADS=H, G=G, G_PAD=_pow2(max(16, G)), HEAD_DIM=D, D_PAD=D_PAD, V_DIM=Dv, DV_PAD=DV_PAD,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        USE_WINDOW=bool(sliding_window), SOFTCAP=bool(softcap), DIRECT_OUT=direct, PRECISION=_precision(q.dtype),
         DOT_F32=_dot_f32(q.dtype),
         num_warps=num_warps, num_stages=num_stages or 2)   # 2 beat 3 at every context (decode_tuning.py)
     if not direct:
         _decode_merge_kernel[(B, H)](
             part_out, part_lse, meta.query_start_loc, out, num_splits, out.stride(0), out.stride(1),
-            NUM_HEADS=H, HEAD_DIM=D, D_PAD=D_PAD, S_PAD=_pow2(num_splits),
-            num_warps=4 if D_PAD >= 128 else 2)
+            NUM_HEADS=H, HEAD_DIM=Dv, D_PAD=DV_PAD, S_PAD=_pow2(num_splits),
+            num_warps=4 if DV_PAD >= 128 else 2)
     return out
 
 
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
                   sliding_window: int | None = None, block_m: int | None = None, block_n: int | None = None,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """Any mix of query lengths (prefill chunks and single decode tokens); causal against the paged context."""
     _check(q, k_cache, v_cache, meta)
     if q.stride(2) != 1:
         q = q.contiguous()
     T, H, D = q.shape
     _, block_size, KVH, _ = k_cache.shape
+    Dv = v_cache.shape[-1]
     B = meta.seq_lens.shape[0]
     G = H // KVH
     G_PAD = _pow2(G)
     D_PAD = _pow2(max(16, D))
+    DV_PAD = _pow2(max(16, Dv))
     if q.element_size() > 2:
         # fp32 runs exact (non-tensor-core) dots: small tiles keep registers and compile time in check.
         cfg_m, cfg_n, warps, stages = 32, 32, 4, 2
-    elif D_PAD > 128:
+    elif max(D_PAD, DV_PAD) > 128:
         cfg_m, cfg_n, warps, stages = 64, 32, 4, 2
     else:
         cfg_m, cfg_n, warps, stages = 128, 64, 8, 3
@@ -443,25 +492,26 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # Rows are (token, head) pairs: BLOCK_Q tokens x G_PAD heads, and at least 16 rows for the tensor cores.
     block_q = max(1, block_m // G_PAD, 16 // G_PAD)
     if out is None:
-        out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+        out = torch.empty((T, H, Dv), dtype=q.dtype, device=q.device)
     if T == 0 or B == 0:
         return out
     _prefill_kernel[(T // block_q + B, KVH)](
         q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
-        scale * LOG2E, int(sliding_window or 0), B, max(1, B - 1).bit_length() + 1,
+        _score_scale(scale, softcap), float(softcap or 0.0), int(sliding_window or 0), B,
+        max(1, B - 1).bit_length() + 1,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         meta.block_tables.stride(0), out.stride(0), out.stride(1),
-        G=G, G_PAD=G_PAD, HEAD_DIM=D, D_PAD=D_PAD, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
-        USE_WINDOW=bool(sliding_window),
+        G=G, G_PAD=G_PAD, HEAD_DIM=D, D_PAD=D_PAD, V_DIM=Dv, DV_PAD=DV_PAD, BLOCK_SIZE=block_size,
+        BLOCK_Q=block_q, BLOCK_N=block_n, USE_WINDOW=bool(sliding_window), SOFTCAP=bool(softcap),
         PRECISION=_precision(q.dtype), DOT_F32=_dot_f32(q.dtype),
         num_warps=warps if block_q * G_PAD > 64 else 4, num_stages=stages)
     return out
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
-                           sliding_window: int | None = None) -> torch.Tensor:
-    """q [T, H, D] -> out [T, H, D]: the decode kernel when every request has one query, else the varlen one."""
+                           sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """q [T, H, D] -> out [T, H, Dv]: the decode kernel when every request has one query, else the varlen one."""
     if meta.max_query_len == 1:
-        return paged_decode(q, k_cache, v_cache, meta, scale, sliding_window)
-    return paged_prefill(q, k_cache, v_cache, meta, scale, sliding_window)
+        return paged_decode(q, k_cache, v_cache, meta, scale, sliding_window, softcap=softcap)
+    return paged_prefill(q, k_cache, v_cache, meta, scale, sliding_window, softcap=softcap)

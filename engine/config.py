@@ -1,6 +1,7 @@
 """Engine and sampling configuration: plain dataclasses, validated once at the edge."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 MODES = ("sync", "async")
@@ -45,6 +46,12 @@ class EngineConfig:
             raise ConfigError(f"num_blocks must be an integer >= 2, got {self.num_blocks!r}")
         if not 0.0 < self.kv_memory_fraction < 1.0:
             raise ConfigError(f"kv_memory_fraction must be in (0, 1), got {self.kv_memory_fraction!r}")
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError(f"model must be a preset name, a checkpoint folder or a hub id, got {self.model!r}")
+        if os.path.isdir(self.model):
+            # a local checkpoint: its files and the support policy's static half, before any weight is read
+            from .models import preflight     # lazy: it imports torch and transformers
+            preflight(self.model)
         return self
 
 

@@ -33,6 +33,7 @@ class Engine:
         loaded = load_model(config, attention.register())
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
+        self.support = loaded.support
         self.max_model_len = loaded.max_model_len
         mcfg = self.model.config
         dtype = self.model.dtype
@@ -218,11 +219,15 @@ class Engine:
             "weight_bytes": weight_bytes(self.model),
             "kv_bytes_per_token": kv_bytes_per_token(mcfg, self.model.dtype),
             "num_layers": mcfg.num_hidden_layers, "num_kv_heads": self.kv.kv_heads, "head_dim": self.kv.head_dim,
+            "v_head_dim": self.kv.v_head_dim,
             "vocab_size": self.model.get_input_embeddings().weight.shape[0],
             "block_size": self.config.block_size, "num_blocks": num_blocks,
             "max_batch_tokens": self.config.max_batch_tokens, "max_running": self.config.max_running,
             "max_model_len": self.max_model_len, "attention": self.kernel,
             "cuda_graphs": self._core.runner.use_graphs, "fused_kernels": len(self.fused),
+            # why decode runs eagerly although graphs were asked for (None when they run), and how experts run
+            "cuda_graphs_note": self._core.runner.graphs_note, "graph_experts": self._core.runner.graph_experts,
+            "support": self.support,
             "merged_projections": len(self.merged),
         }
 

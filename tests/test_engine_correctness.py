@@ -183,3 +183,29 @@ def test_batched_decode_attention_matches_per_request_attention():
                 g = h // (heads // kv_heads)
                 probs = (k[:, g] @ q[b, h].double() * 0.125).softmax(0)
                 torch.testing.assert_close(out[b, h].double(), probs @ v[:, g], rtol=1e-5, atol=1e-5)
+
+
+def test_two_engines_running_at_once_each_see_only_their_own_metadata(tiny_engine, tiny_reference, qwen_engine,
+                                                                      qwen3_checkpoint):
+    """The attention layers find their step's metadata in a per-thread slot (engine.attention.use_metadata), so
+    two engines stepping at the same time, each on its own thread, never read each other's caches."""
+    import threading
+
+    _path, qwen_model, _eos = qwen3_checkpoint
+    tiny_prompts = random_prompts(6, 49152, 5, 40, seed=21)
+    qwen_prompts = random_prompts(6, 512, 5, 40, seed=22)
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    results = {}
+    start = threading.Barrier(2)
+
+    def run(name, eng, prompts):
+        start.wait()
+        results[name] = [o.token_ids for o in eng.generate(prompts, params)]
+    threads = [threading.Thread(target=run, args=("tiny", tiny_engine, tiny_prompts)),
+               threading.Thread(target=run, args=("qwen", qwen_engine, qwen_prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results["tiny"] == [reference_generate(tiny_reference, p, 10, None) for p in tiny_prompts]
+    assert results["qwen"] == [reference_generate(qwen_model, p, 10, None) for p in qwen_prompts]
