@@ -2,7 +2,7 @@
 # One pass over everything that needs a CUDA device: the gpu-marked tests, the attention kernel check and
 # timings, and the engine benchmark against transformers. Logs and JSON land in $OUT (default ./out).
 # Usage: benchmarks/gpu_checks.sh [overlap|tests|kernels|tuning|fused|profile|demo|bench-a|bench-a-engine|
-#                                  bench-b|bench-c|determinism|telemetry|telemetry-sync|all]...
+#                                  bench-b|bench-c|determinism|moe|soak|telemetry|telemetry-sync|all]...
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -68,6 +68,26 @@ if has determinism; then   # the same greedy prompts, run after run and mode aft
   $BENCH --new-tokens 2048 --modes sync,async --repeats 2 --no-telemetry --out "$OUT/determinism.json" \
     --no-progress 2>&1 | tee "$OUT/determinism.log"
   echo "bench exit code: $?" | tee -a "$OUT/determinism.log"
+fi
+if has moe; then   # the MoE benchmark model side by side with transformers, and its routed-experts floor
+  python3 -m batchscope.app.bench --model qwen3-30b-a3b-random --device cuda --requests 32 --prompt-tokens 256 \
+    --new-tokens 512 --modes sync,async --baseline transformers --out "$OUT/bench_moe.json" --no-progress \
+    2>&1 | tee "$OUT/bench_moe.log"
+  python3 benchmarks/moe_floor.py --requests 32 --prompt-tokens 256 --context 512 --out "$OUT/moe_floor.json" \
+    2>&1 | tee "$OUT/moe_floor.log"
+fi
+if has soak; then  # a served llama3-8b-random driven by batchscope soak: lost, duplicated, RSS, KV leaks
+  python3 -m batchscope.app.cli serve --model llama3-8b-random --device cuda --no-ui --port 7861 \
+    > "$OUT/soak_serve.log" 2>&1 &
+  server=$!
+  python3 -c "import time, urllib.request as u
+for _ in range(300):
+    try: u.urlopen('http://127.0.0.1:7861/api/health', timeout=2); break
+    except Exception: time.sleep(1)"
+  python3 -m batchscope.app.soak --url http://127.0.0.1:7861 --requests "${SOAK_REQUESTS:-4000}" \
+    --concurrency 32 --flip-every 0.5 --viewers 10 --max-new-tokens 64 --json "$OUT/soak_h200.json" \
+    2>&1 | tee "$OUT/soak_h200.log"
+  kill $server; wait $server
 fi
 if has bench-b; then   # (b) the seed workload: 8192 new tokens per request
   $BENCH --new-tokens 8192 --modes sync,async --out "$OUT/bench_b.json" --no-progress 2>&1 | tee "$OUT/bench_b.log"
