@@ -1,2 +1,2 @@
-"""The dashboard's browser side (timeline.js, style.css), shipped inside the package and found with
-importlib.resources."""
+"""The dashboard's browser side (js/: ES modules with main.js as the entry; style.css), shipped inside the package
+and found with importlib.resources."""

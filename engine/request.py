@@ -52,7 +52,6 @@ class Request:
     first_token_ns: int | None = None
     finish_ns: int | None = None
     text: str = ""
-    cancel_requested: bool = False
 
     @property
     def known_len(self) -> int:

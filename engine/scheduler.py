@@ -56,9 +56,6 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def remove(self, req: Request) -> None:
         """Forget a finished request and give its blocks back. Safe while one of its steps is in flight: the
         device runs steps in order, so a block reused by a later step is written only after that step is done."""
@@ -96,55 +93,47 @@ class Scheduler:
         carry_rows = {}
         if previous is not None:
             carry_rows = {s.req.id: row for row, s in enumerate(previous.sampled)}
-        budget = self.max_batch_tokens
-        seqs: list[ScheduledSeq] = []
-        scheduled: set[str] = set()
-        preempted: list[str] = []
         queue_depth, running_now = len(self.waiting), len(self.running)
+        batch = _Batch(budget=self.max_batch_tokens, carry_rows=carry_rows)
+        self._schedule_running(batch)
+        self._admit_waiting(batch)
+        if not batch.seqs:
+            return None
+        for seq in batch.seqs:
+            seq.req.num_computed += seq.num_tokens
+            if seq.sample:
+                seq.req.pending += 1
+        return StepPlan(step, batch.seqs, queue_depth, running_now, batch.preempted)
 
-        def plan_for(req: Request) -> ScheduledSeq | None:
-            todo = req.total_len - req.num_computed
-            n = min(todo, budget)
-            if n <= 0:
-                return None
-            sample = req.num_computed + n == req.total_len
-            if sample and self._length_capped(req):
-                return None
-            carry = -1
-            if req.pending:
-                if req.id not in carry_rows:     # its token comes from a step we cannot carry from
-                    return None
-                if req.num_computed + 1 != req.total_len:
-                    return None                  # recompute must wait until the in-flight token is known
-                n, carry = 1, carry_rows[req.id]
-            return ScheduledSeq(req, req.num_computed, n, sample, carry)
-
-        # 1) running requests first, in admission order
+    def _schedule_running(self, batch: _Batch) -> None:
+        """Running requests first, in admission order. One short of KV blocks preempts the newest running request
+        not yet in this step (or itself, when every other one already is)."""
         for req in list(self.running):
-            if req not in self.running or budget <= 0:
+            if req not in self.running or batch.budget <= 0:
                 continue
-            seq = plan_for(req)
+            seq = self._plan_for(req, batch)
             if seq is None:
                 continue
             need = self._blocks_needed(req, seq.start + seq.num_tokens)
             while need > self.allocator.num_free:
-                victims = [r for r in self.running if r.id not in scheduled and r is not req]
+                victims = [r for r in self.running if r.id not in batch.scheduled and r is not req]
                 victim = victims[-1] if victims else req
                 self._preempt(victim)
-                preempted.append(victim.id)
+                batch.preempted.append(victim.id)
                 if victim is req:
                     break
             if req not in self.running:
                 continue
             req.blocks += self.allocator.allocate(need)
-            seqs.append(seq)
-            scheduled.add(req.id)
-            budget -= seq.num_tokens
+            batch.add(seq)
 
-        # 2) admit waiting requests, oldest first, while the budget, max_running and free blocks allow
-        while self.waiting and budget > 0 and len(self.running) < self.max_running and not preempted:
+    def _admit_waiting(self, batch: _Batch) -> None:
+        """Waiting requests, oldest first, while the budget, max_running and free blocks allow. A step that had to
+        preempt admits nothing: the preempted request, now at the head of the queue, would take back its blocks."""
+        while (self.waiting and batch.budget > 0 and len(self.running) < self.max_running
+               and not batch.preempted):
             req = self.waiting[0]
-            seq = plan_for(req)
+            seq = self._plan_for(req, batch)
             if seq is None:
                 break                            # head of line waits (e.g. for its in-flight token)
             need = self._blocks_needed(req, seq.start + seq.num_tokens)
@@ -153,14 +142,37 @@ class Scheduler:
             self.waiting.popleft()
             self.running.append(req)
             req.blocks += self.allocator.allocate(need)
-            seqs.append(seq)
-            scheduled.add(req.id)
-            budget -= seq.num_tokens
+            batch.add(seq)
 
-        if not seqs:
+    def _plan_for(self, req: Request, batch: _Batch) -> ScheduledSeq | None:
+        """What `req` computes in this step within the remaining budget, or None when it must sit it out."""
+        todo = req.total_len - req.num_computed
+        n = min(todo, batch.budget)
+        if n <= 0:
             return None
-        for seq in seqs:
-            seq.req.num_computed += seq.num_tokens
-            if seq.sample:
-                seq.req.pending += 1
-        return StepPlan(step, seqs, queue_depth, running_now, preempted)
+        sample = req.num_computed + n == req.total_len
+        if sample and self._length_capped(req):
+            return None
+        carry = -1
+        if req.pending:
+            if req.id not in batch.carry_rows:   # its token comes from a step we cannot carry from
+                return None
+            if req.num_computed + 1 != req.total_len:
+                return None                      # recompute must wait until the in-flight token is known
+            n, carry = 1, batch.carry_rows[req.id]
+        return ScheduledSeq(req, req.num_computed, n, sample, carry)
+
+
+@dataclass
+class _Batch:
+    """The step being planned: what is in it so far and the token budget left."""
+    budget: int
+    carry_rows: dict[str, int]                   # request id -> its sampled row in the step in flight
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    scheduled: set[str] = field(default_factory=set)
+    preempted: list[str] = field(default_factory=list)
+
+    def add(self, seq: ScheduledSeq) -> None:
+        self.seqs.append(seq)
+        self.scheduled.add(seq.req.id)
+        self.budget -= seq.num_tokens

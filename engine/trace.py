@@ -9,7 +9,7 @@ inside the callback, not keep them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 HOST_PHASES = ("schedule", "fill", "launch", "wait", "update")
 GPU_PHASES = ("h2d", "compute", "d2h")
@@ -55,7 +55,3 @@ class ModeChange:
     step: int                       # the first step run by the new mode
     from_mode: str
     to_mode: str
-
-
-# An observer is called on the engine thread with a StepTrace after each step and a ModeChange at each switch.
-StepObserver = Callable[["StepTrace | ModeChange"], None]

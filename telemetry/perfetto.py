@@ -83,10 +83,34 @@ def _rolling_rate(steps: list, window_us: float = 1e6) -> list:
 def to_perfetto(timeline: dict, max_events: int = 2_000_000, max_request_lanes: int = 128) -> dict:
     """Chrome Trace Event JSON (as a dict) of a batchscope.timeline/1 dict."""
     meta = timeline.get("meta", {})
+    steps, nvml, truncated, t_from = _capped(timeline, max_events)
+    tr = _open_tracks(meta, steps)
+    counters = tr.track(METRICS, 1, "counters")
+    for rec, rate in zip(steps, _rolling_rate(steps)):
+        _step_events(tr, counters, rec, rate)
+    for s in nvml:
+        _nvml_counters(counters, s)
+    for mc in timeline.get("mode_changes", []):
+        tr.other.append({"ph": "i", "s": "g", "name": f"mode {mc['from']} -> {mc['to']}", "cat": "mode",
+                         "ts": _q(mc["t_us"]), "pid": HOST, "tid": 1, "args": {"step": mc["step"]}})
+    _request_lanes(tr, timeline.get("requests", []), t_from, max_request_lanes)
+    events = []
+    for key in tr.tracks:
+        # counters and request lanes may overlap by design; the host thread and the streams may not
+        events.extend(tr.tracks[key] if key == (METRICS, 1) or key[0] == REQUESTS else tr.disjoint(key))
+    events.extend(tr.other)
+    return {"traceEvents": _names(tr, events) + events, "displayTimeUnit": "ms",
+            "otherData": {"schema": timeline.get("schema"), "model": meta.get("model"),
+                          "device": meta.get("device"), "gpu": meta.get("gpu"),
+                          "truncated_steps": truncated, "clipped_events": tr.clipped}}
+
+
+def _capped(timeline: dict, max_events: int) -> tuple[list, list, int, float | None]:
+    """The newest steps that fit the event budget, the NVML samples from the first kept step on, how many steps
+    were dropped, and the time the kept part starts (None when nothing was dropped)."""
     steps = timeline.get("steps", [])
     nvml = timeline.get("nvml", [])
-    requests = timeline.get("requests", [])
-    budget = max(max_events - 3 * len(nvml) - 2 * len(requests), 1000)
+    budget = max(max_events - 3 * len(nvml) - 2 * len(timeline.get("requests", [])), 1000)
     keep = max(budget // _EVENTS_PER_STEP, 1)
     truncated = max(len(steps) - keep, 0)
     steps = steps[truncated:]
@@ -94,7 +118,11 @@ def to_perfetto(timeline: dict, max_events: int = 2_000_000, max_request_lanes: 
     if truncated and steps:
         t_from = min(s[0] for s in steps[0]["cpu"].values()) if steps[0]["cpu"] else None
         nvml = [s for s in nvml if t_from is None or s["t_us"] >= t_from]
+    return steps, nvml, truncated, t_from
 
+
+def _open_tracks(meta: dict, steps: list) -> _Trace:
+    """Name the processes and the host and GPU tracks, in the order viewers list them."""
     tr = _Trace()
     on_gpu = any(rec.get("gpu") for rec in steps)
     tr.procs[HOST] = "host"
@@ -108,62 +136,57 @@ def to_perfetto(timeline: dict, max_events: int = 2_000_000, max_request_lanes: 
     else:
         tr.track(GPU, _STREAM_TID["compute"], "compute (host proxy)")
     tr.track(GPU, _IDLE_TID, "compute idle (cause)")
-    counters = tr.track(METRICS, 1, "counters")
+    return tr
 
-    rates = _rolling_rate(steps)
-    for rec, rate in zip(steps, rates):
-        n = rec["step"]
-        for phase in HOST_PHASES:
-            span = rec["cpu"].get(phase)
-            if span:
-                tr.span(HOST, 1, f"{phase} {n}", span[0], span[1], "host", {"step": n})
-        info = {"step": n, "mode": rec["mode"], "requests": rec["num_requests"],
-                "prefill_tokens": rec["prefill_tokens"], "decode_tokens": rec["decode_tokens"]}
-        if rec.get("gpu"):
-            for phase, span in rec["gpu"].items():
-                tr.span(GPU, _STREAM_TID[phase], f"{phase} {n}", span[0], span[1], "gpu",
-                        info if phase == "compute" else {"step": n})
-        elif rec.get("compute_us"):
-            c = rec["compute_us"]
-            tr.span(GPU, _STREAM_TID["compute"], f"compute {n}", c[0], c[1], "compute-proxy", info)
-        idle, comp = rec.get("gpu_idle_before_us"), rec.get("compute_us")
-        if idle and comp:
-            tr.span(GPU, _IDLE_TID, f"idle: {rec.get('idle_cause')}", comp[0] - idle, comp[0], "idle",
-                    {"step": n, **(rec.get("idle_by_cause_us") or {})})
-        start = comp or next(iter(rec["cpu"].values()), None)
-        if start is None:                # a step that failed before any span: nothing to place
-            continue
-        t = _q(start[0])
-        counters.append(_counter("batch requests", t, {"requests": rec["num_requests"]}))
-        counters.append(_counter("batch tokens", t, {"prefill": rec["prefill_tokens"],
-                                                      "decode": rec["decode_tokens"]}))
-        if rec.get("kv_blocks_total"):
-            counters.append(_counter("KV usage %", t,
-                                     {"kv": round(100.0 * rec["kv_blocks_used"] / rec["kv_blocks_total"], 2)}))
-        counters.append(_counter("queue depth", t, {"waiting": rec["queue_depth"]}))
-        if rate is not None:
-            counters.append(_counter("tokens/s", t, {"tokens_per_s": rate}))
 
-    for s in nvml:
-        t = _q(s["t_us"])
-        util = {k: s[f"{k}_util"] for k in ("gpu", "mem") if s.get(f"{k}_util") is not None}
-        if util:
-            counters.append(_counter("NVML utilization %", t, util))
-        if s.get("power_w") is not None:
-            counters.append(_counter("power W", t, {"power": s["power_w"]}))
-        if s.get("cpu_pct") is not None:
-            counters.append(_counter("host CPU %", t, {"cpu": s["cpu_pct"]}))
+def _step_events(tr: _Trace, counters: list, rec: dict, rate: float | None) -> None:
+    """One step: its host spans, its GPU spans (or the host launch span standing in for compute), the idle gap
+    before it, and its counters."""
+    n = rec["step"]
+    for phase in HOST_PHASES:
+        span = rec["cpu"].get(phase)
+        if span:
+            tr.span(HOST, 1, f"{phase} {n}", span[0], span[1], "host", {"step": n})
+    info = {"step": n, "mode": rec["mode"], "requests": rec["num_requests"],
+            "prefill_tokens": rec["prefill_tokens"], "decode_tokens": rec["decode_tokens"]}
+    if rec.get("gpu"):
+        for phase, span in rec["gpu"].items():
+            tr.span(GPU, _STREAM_TID[phase], f"{phase} {n}", span[0], span[1], "gpu",
+                    info if phase == "compute" else {"step": n})
+    elif rec.get("compute_us"):
+        c = rec["compute_us"]
+        tr.span(GPU, _STREAM_TID["compute"], f"compute {n}", c[0], c[1], "compute-proxy", info)
+    idle, comp = rec.get("gpu_idle_before_us"), rec.get("compute_us")
+    if idle and comp:
+        tr.span(GPU, _IDLE_TID, f"idle: {rec.get('idle_cause')}", comp[0] - idle, comp[0], "idle",
+                {"step": n, **(rec.get("idle_by_cause_us") or {})})
+    start = comp or next(iter(rec["cpu"].values()), None)
+    if start is None:                # a step that failed before any span: nothing to place
+        return
+    t = _q(start[0])
+    counters.append(_counter("batch requests", t, {"requests": rec["num_requests"]}))
+    counters.append(_counter("batch tokens", t, {"prefill": rec["prefill_tokens"], "decode": rec["decode_tokens"]}))
+    if rec.get("kv_blocks_total"):
+        counters.append(_counter("KV usage %", t,
+                                 {"kv": round(100.0 * rec["kv_blocks_used"] / rec["kv_blocks_total"], 2)}))
+    counters.append(_counter("queue depth", t, {"waiting": rec["queue_depth"]}))
+    if rate is not None:
+        counters.append(_counter("tokens/s", t, {"tokens_per_s": rate}))
 
-    for mc in timeline.get("mode_changes", []):
-        tr.other.append({"ph": "i", "s": "g", "name": f"mode {mc['from']} -> {mc['to']}", "cat": "mode",
-                         "ts": _q(mc["t_us"]), "pid": HOST, "tid": 1, "args": {"step": mc["step"]}})
 
-    _request_lanes(tr, requests, t_from, max_request_lanes)
+def _nvml_counters(counters: list, s: dict) -> None:
+    t = _q(s["t_us"])
+    util = {k: s[f"{k}_util"] for k in ("gpu", "mem") if s.get(f"{k}_util") is not None}
+    if util:
+        counters.append(_counter("NVML utilization %", t, util))
+    if s.get("power_w") is not None:
+        counters.append(_counter("power W", t, {"power": s["power_w"]}))
+    if s.get("cpu_pct") is not None:
+        counters.append(_counter("host CPU %", t, {"cpu": s["cpu_pct"]}))
 
-    events = []
-    for key in tr.tracks:
-        events.extend(tr.tracks[key] if key == (METRICS, 1) or key[0] == REQUESTS else tr.disjoint(key))
-    events.extend(tr.other)
+
+def _names(tr: _Trace, events: list) -> list:
+    """The "M" events naming (and ordering) every process and thread that has events."""
     used = {(e["pid"], e["tid"]) for e in events}
     names = []
     for pid in sorted({p for p, _ in used}):
@@ -173,10 +196,7 @@ def to_perfetto(timeline: dict, max_events: int = 2_000_000, max_request_lanes: 
     for pid, tid in sorted(used):
         names.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                       "args": {"name": tr.names[(pid, tid)]}})
-    return {"traceEvents": names + events, "displayTimeUnit": "ms",
-            "otherData": {"schema": timeline.get("schema"), "model": meta.get("model"),
-                          "device": meta.get("device"), "gpu": meta.get("gpu"),
-                          "truncated_steps": truncated, "clipped_events": tr.clipped}}
+    return names
 
 
 def _counter(name: str, ts: float, values: dict) -> dict:

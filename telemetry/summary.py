@@ -78,26 +78,20 @@ def select_steps(steps, t0_us=None, t1_us=None) -> list:
 
 def summarize(steps, requests=(), nvml=(), info: dict | None = None, bandwidth_gbps: float | None = None,
               t0_us: float | None = None, t1_us: float | None = None) -> dict:
+    """Step, request and NVML metrics over [t0_us, t1_us) (default: the steps' own extent), and the floor."""
     steps = select_steps(steps, t0_us, t1_us)
     w0 = t0_us if t0_us is not None else min((span_start(r) for r in steps), default=None)
     w1 = t1_us if t1_us is not None else max((span_end(r) for r in steps), default=None)
-    dur_us = (w1 - w0) if w0 is not None and w1 is not None and w1 > w0 else 0.0
-    dur_s = dur_us / 1e6
+    summary = _step_summary(steps, w0, w1)
+    summary.update(_request_summary(requests, t0_us, t1_us))
+    summary.update(_nvml_summary(nvml, w0, w1))
+    summary.update(floor(steps, info or {}, bandwidth_gbps, summary["decode_ms_p50"]))
+    return summary
 
-    compute = [r["compute_us"] for r in steps if r.get("compute_us")]
-    busy = union_length(compute, w0, w1) if dur_us else 0.0
-    gpu_spans = [s for r in steps if r.get("gpu") for s in r["gpu"].values()]
-    bases = sorted({r.get("compute_basis") for r in steps if r.get("compute_us")})
 
-    idle_by_cause: dict[str, float] = {}
-    for r in steps:
-        for cause, us in (r.get("idle_by_cause_us") or {}).items():
-            idle_by_cause[cause] = idle_by_cause.get(cause, 0.0) + us
-    modes: dict[str, int] = {}
-    for r in steps:
-        modes[r["mode"]] = modes.get(r["mode"], 0) + 1
-
-    # step period: compute start to the next step's compute start (what "ms/step" means in a benchmark)
+def _step_periods(steps) -> tuple[list, list]:
+    """Step periods in ms, compute start to the next step's compute start (what "ms/step" means in a
+    benchmark): all of them, and those of decode-only steps."""
     periods, decode_periods = [], []
     for prev, cur in zip(steps, steps[1:]):
         if cur["step"] != prev["step"] + 1 or not prev.get("compute_us") or not cur.get("compute_us"):
@@ -106,25 +100,28 @@ def summarize(steps, requests=(), nvml=(), info: dict | None = None, bandwidth_g
         periods.append(p)
         if cur["prefill_tokens"] == 0 and cur["decode_tokens"] > 0:
             decode_periods.append(p)
-    decode_ms = percentiles(decode_periods)
+    return periods, decode_periods
 
+
+def _step_summary(steps, w0, w1) -> dict:
+    dur_us = (w1 - w0) if w0 is not None and w1 is not None and w1 > w0 else 0.0
+    dur_s = dur_us / 1e6
+    compute = [r["compute_us"] for r in steps if r.get("compute_us")]
+    busy = union_length(compute, w0, w1) if dur_us else 0.0
+    gpu_spans = [s for r in steps if r.get("gpu") for s in r["gpu"].values()]
+    bases = sorted({r.get("compute_basis") for r in steps if r.get("compute_us")})
+    idle_by_cause: dict[str, float] = {}
+    for r in steps:
+        for cause, us in (r.get("idle_by_cause_us") or {}).items():
+            idle_by_cause[cause] = idle_by_cause.get(cause, 0.0) + us
+    modes: dict[str, int] = {}
+    for r in steps:
+        modes[r["mode"]] = modes.get(r["mode"], 0) + 1
+    periods, decode_periods = _step_periods(steps)
+    decode_ms = percentiles(decode_periods)
     tokens_out = sum(r.get("tokens_out", 0) for r in steps)
     kv_pct = [100.0 * r["kv_blocks_used"] / r["kv_blocks_total"] for r in steps if r.get("kv_blocks_total")]
-
-    finished = [q for q in requests if q.get("finish_us") is not None
-                and (t0_us is None or q["finish_us"] >= t0_us) and (t1_us is None or q["finish_us"] < t1_us)]
-    metrics = [request_metrics(q) for q in finished]
-    reasons: dict[str, int] = {}
-    for q in finished:
-        reasons[str(q.get("finish_reason"))] = reasons.get(str(q.get("finish_reason")), 0) + 1
-
-    samples = [s for s in nvml if (w0 is None or s["t_us"] >= w0) and (w1 is None or s["t_us"] <= w1)]
-
-    def mean(key):
-        vals = [s[key] for s in samples if s.get(key) is not None]
-        return round(sum(vals) / len(vals), 2) if vals else None
-
-    summary = {
+    return {
         "t0_us": w0, "t1_us": w1, "duration_s": round(dur_s, 6),
         "steps": len(steps),
         "first_step": steps[0]["step"] if steps else None,
@@ -150,12 +147,36 @@ def summarize(steps, requests=(), nvml=(), info: dict | None = None, bandwidth_g
         "kv_usage_pct_mean": round(sum(kv_pct) / len(kv_pct), 2) if kv_pct else None,
         "kv_usage_pct_max": round(max(kv_pct), 2) if kv_pct else None,
         "errors": sum(1 for r in steps if r.get("error")),
+    }
+
+
+def _request_summary(requests, t0_us, t1_us) -> dict:
+    """Latency percentiles of the requests that finished inside [t0_us, t1_us)."""
+    finished = [q for q in requests if q.get("finish_us") is not None
+                and (t0_us is None or q["finish_us"] >= t0_us) and (t1_us is None or q["finish_us"] < t1_us)]
+    metrics = [request_metrics(q) for q in finished]
+    reasons: dict[str, int] = {}
+    for q in finished:
+        reasons[str(q.get("finish_reason"))] = reasons.get(str(q.get("finish_reason")), 0) + 1
+    return {
         "requests_finished": len(finished),
         "finish_reasons": reasons,
         "ttft_ms": percentiles(m["ttft_ms"] for m in metrics),
         "tpot_ms": percentiles(m["tpot_ms"] for m in metrics),
         "itl_ms": percentiles(x for m in metrics for x in m["itl_ms"]),
         "e2e_ms": percentiles(m["e2e_ms"] for m in metrics),
+    }
+
+
+def _nvml_summary(nvml, w0, w1) -> dict:
+    """Means of the NVML (or host CPU) samples inside the window [w0, w1]."""
+    samples = [s for s in nvml if (w0 is None or s["t_us"] >= w0) and (w1 is None or s["t_us"] <= w1)]
+
+    def mean(key):
+        vals = [s[key] for s in samples if s.get(key) is not None]
+        return round(sum(vals) / len(vals), 2) if vals else None
+
+    return {
         "nvml_samples": len(samples),
         "gpu_util_mean": mean("gpu_util"),
         "mem_util_mean": mean("mem_util"),
@@ -163,8 +184,6 @@ def summarize(steps, requests=(), nvml=(), info: dict | None = None, bandwidth_g
         "sm_clock_mhz_mean": mean("sm_clock_mhz"),
         "cpu_pct_mean": mean("cpu_pct"),
     }
-    summary.update(floor(steps, info or {}, bandwidth_gbps, decode_ms["p50"]))
-    return summary
 
 
 def floor(steps, info: dict, bandwidth_gbps: float | None, decode_ms_p50: float | None) -> dict:

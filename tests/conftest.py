@@ -136,3 +136,57 @@ def compile_for_hopper(script: str) -> str:
         pytest.skip("this triton build has no ptxas")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
+
+
+# ------------------------------------------------------------------------ telemetry's synthetic engine, switched
+
+def _sync_then_async(gpu: bool, requests: int, prompt_tokens: int, max_new_tokens: int, sync_steps: int = 3,
+                     **engine_options):
+    """A SyntheticEngine (CUDA-like events on a virtual clock, or CPU spans) with Telemetry attached, after the
+    story the telemetry tests share: a burst that starts in sync and is switched live to async after
+    `sync_steps` steps, run to its end. `engine_options` go to the engine (seed, compute_us, ...).
+    Returns (engine, telemetry)."""
+    from batchscope.telemetry import Telemetry
+    from batchscope.telemetry.synthetic import SyntheticEngine
+
+    eng = SyntheticEngine(gpu=gpu, mode="sync", **engine_options)
+    tel = Telemetry(eng, nvml_hz=0)
+    eng.submit(requests, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens)
+    eng.run(max_steps=sync_steps)
+    eng.set_mode("async")
+    eng.run()
+    return eng, tel
+
+
+@pytest.fixture
+def sync_then_async():
+    """Factory for the shared sync-then-async story, for a test to read it or carry it on:
+    `sync_then_async(gpu, requests=, prompt_tokens=, max_new_tokens=, seed=...)` -> (engine, telemetry).
+    The telemetries it made are closed when the test ends (closing twice is harmless)."""
+    made = []
+
+    def make(gpu: bool, **story):
+        eng, tel = _sync_then_async(gpu, **story)
+        made.append(tel)
+        return eng, tel
+
+    yield make
+    for tel in made:
+        tel.close()
+
+
+@pytest.fixture(scope="session")
+def switched_timeline():
+    """Factory: the shared story's timeline, through JSON as a file would carry it, with a few NVML (or host
+    CPU) samples as the sampler thread would add them. `switched_timeline(gpu=True)` -> dict."""
+    import json
+
+    def make(gpu: bool = True) -> dict:
+        _, tel = _sync_then_async(gpu, seed=3, requests=5, prompt_tokens=24, max_new_tokens=6)
+        try:
+            for _ in range(3):
+                tel.sampler.sample_once()
+            return json.loads(json.dumps(tel.timeline()))
+        finally:
+            tel.close()
+    return make

@@ -71,7 +71,7 @@ class Watched:
 
     def open(self, url: str):
         self.page.goto(url)
-        # the charts exist once timeline.js has found its container and plotly has drawn the Gantt
+        # the charts exist once the page's modules have found their container and plotly has drawn the Gantt
         self.page.wait_for_selector("#bs-gantt .main-svg", timeout=T)
         return self.page
 
@@ -104,6 +104,7 @@ def test_live_page_story(server, browser, tmp_path):
     page = w.open(server.url + "/")
     # the page loaded only from this server, and nothing it asked for failed (our scripts, Gradio's own files)
     assert not w.failed, w.failed
+    assert any(u.endswith("/batchscope-static/js/main.js") for u in w.urls)      # the charts' entry module
     page.wait_for_selector("#bs-conn[data-state='live']", timeout=T)
     assert page.text_content("#bs-model") == "tiny-random"
     assert page.text_content("#bs-device") == "cpu"
@@ -168,6 +169,9 @@ def test_live_page_story(server, browser, tmp_path):
         assert peak > 0, f"{chart} drew nothing"
     # idle gaps before steps are drawn on their own lane, one trace per cause
     assert any(n.startswith("idle: ") for n in names), names
+    # the lane labels checks outside the repository rely on
+    labels = page.evaluate("document.getElementById('bs-gantt').layout.yaxis.ticktext")
+    assert {"mode", "GPU · compute", "GPU idle"} <= set(labels), labels
 
     # -- the window: live it slides; paused it stays; a zoom on one chart applies to all and pauses
     x_end = "document.getElementById('bs-gantt').layout.xaxis.range[1]"

@@ -63,16 +63,31 @@ def test_completion_with_token_ids_and_several_prompts(client):
 
 
 def test_several_prompts_stream_interleaved(client):
-    chunks = list(client.completions.create(model=MODEL, prompt=["a b c", "d e f"], max_tokens=5, stream=True,
-                                            temperature=0, extra_body={"ignore_eos": True}))
-    done = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    """Two prompts in one streamed request run in one batch: their deltas arrive mixed, as the engine produces
+    them, not one whole answer after the other; each delta is credited to its own prompt."""
+    kw = dict(model=MODEL, prompt=["a b c", "d e f"], max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    chunks = [c for c in client.completions.create(stream=True, **kw) if c.choices]
+    order = [c.choices[0].index for c in chunks]
+    done = [c.choices[0].index for c in chunks if c.choices[0].finish_reason]
     assert sorted(done) == [0, 1]
+    switches = sum(a != b for a, b in zip(order, order[1:]))
+    assert switches >= 3, f"one answer after the other would switch once: {order}"
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in (0, 1)]
+    whole = sorted(client.completions.create(**kw).choices, key=lambda c: c.index)
+    assert streamed == [c.text for c in whole]
 
 
 def test_seeded_sampling_is_reproducible(client):
-    kw = dict(model=MODEL, prompt="seeded", max_tokens=8, temperature=1.0, top_p=0.9, seed=1234,
-              extra_body={"ignore_eos": True, "top_k": 50})
-    assert client.completions.create(**kw).choices[0].text == client.completions.create(**kw).choices[0].text
+    kw = dict(model=MODEL, prompt="seeded", max_tokens=8, top_p=0.9, extra_body={"ignore_eos": True, "top_k": 50})
+
+    def text(**sampling) -> str:
+        return client.completions.create(**kw, **sampling).choices[0].text
+
+    greedy = text(temperature=0)
+    seeded = text(temperature=1.0, seed=1234)
+    assert seeded != greedy                                # it really sampled
+    assert text(temperature=1.0, seed=1234) == seeded      # and the seed alone decides what
+    assert text(temperature=1.0, seed=99) != seeded
 
 
 def test_stop_string_ends_the_text(client):

@@ -54,7 +54,7 @@ def test_site_packages_holds_batchscope_and_its_dist_info_only(installed):
     assert names == ["batchscope", f"batchscope-{batchscope.__version__}.dist-info"], names
     pkg = site / "batchscope"
     assert {"app", "engine", "telemetry", "assets"} <= {p.name for p in pkg.iterdir()}
-    assert (pkg / "assets" / "timeline.js").is_file() and (pkg / "assets" / "style.css").is_file()
+    assert (pkg / "assets" / "js" / "main.js").is_file() and (pkg / "assets" / "style.css").is_file()
     assert not list((pkg / "assets").glob("*.png"))             # README pictures are not shipped
 
 
@@ -83,13 +83,13 @@ def test_the_installed_command_serves_the_page_and_its_files(installed):
             time.sleep(0.3)
         assert health.json()["status"] == "ok" and health.json()["model"] == "tiny-random"
         page = httpx.get(url + "/", timeout=30)
-        assert page.status_code == 200 and "/batchscope-static/timeline.js" in page.text
-        for name, kind in (("timeline.js", "javascript"), ("style.css", "css"), ("plotly.min.js", "javascript")):
+        assert page.status_code == 200 and "/batchscope-static/js/main.js" in page.text
+        for name, kind in (("js/main.js", "javascript"), ("style.css", "css"), ("plotly.min.js", "javascript")):
             r = httpx.get(f"{url}/batchscope-static/{name}", timeout=30)
             assert r.status_code == 200 and kind in r.headers["content-type"] and len(r.content) > 1000, name
         # the served script is the one inside the installed package
-        shipped = (site / "batchscope" / "assets" / "timeline.js").read_bytes()
-        assert httpx.get(url + "/batchscope-static/timeline.js", timeout=30).content == shipped
+        shipped = (site / "batchscope" / "assets" / "js" / "main.js").read_bytes()
+        assert httpx.get(url + "/batchscope-static/js/main.js", timeout=30).content == shipped
     finally:
         proc.terminate()
         try:

@@ -9,29 +9,14 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from batchscope.telemetry import SCHEMA, SCHEMA_ID, Telemetry, TimelineError, load_timeline, to_perfetto, validate_timeline
-from batchscope.telemetry.synthetic import SyntheticEngine
+from batchscope.telemetry import SCHEMA, SCHEMA_ID, TimelineError, load_timeline, to_perfetto, validate_timeline
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
-def make_timeline(gpu: bool = True) -> dict:
-    eng = SyntheticEngine(gpu=gpu, mode="sync", seed=3)
-    tel = Telemetry(eng, nvml_hz=0)
-    eng.submit(5, prompt_tokens=24, max_new_tokens=6)
-    eng.run(max_steps=3)
-    eng.set_mode("async")
-    eng.run()
-    for _ in range(3):                      # a few samples, as the sampler thread would add them
-        tel.sampler.sample_once()
-    tl = json.loads(json.dumps(tel.timeline()))
-    tel.close()
-    return tl
-
-
 @pytest.fixture(scope="module")
-def timeline() -> dict:
-    return make_timeline(gpu=True)
+def timeline(switched_timeline) -> dict:
+    return switched_timeline(gpu=True)
 
 
 def test_the_published_schema_is_the_one_the_loader_uses():
@@ -42,8 +27,8 @@ def test_the_published_schema_is_the_one_the_loader_uses():
 
 
 @pytest.mark.parametrize("gpu", [True, False], ids=["gpu-events", "cpu"])
-def test_a_timeline_round_trips_through_json_and_the_schema(gpu, tmp_path):
-    tl = make_timeline(gpu)
+def test_a_timeline_round_trips_through_json_and_the_schema(gpu, tmp_path, switched_timeline):
+    tl = switched_timeline(gpu)
     assert set(tl) >= {"schema", "meta", "steps", "requests", "nvml", "mode_changes", "summary"}
     assert set(tl["meta"]) >= {"model", "device", "gpu", "dtype", "config", "created"}
     assert tl["nvml"] and all(set(s) >= {"t_us", "gpu_util", "mem_util", "mem_used_mb", "power_w",
@@ -161,8 +146,8 @@ def perfetto_problems(trace: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("gpu", [True, False], ids=["gpu-events", "cpu"])
-def test_the_perfetto_file_is_structurally_valid(gpu):
-    tl = make_timeline(gpu)
+def test_the_perfetto_file_is_structurally_valid(gpu, switched_timeline):
+    tl = switched_timeline(gpu)
     trace = json.loads(json.dumps(to_perfetto(tl)))
     assert perfetto_problems(trace) == []
     events = trace["traceEvents"]
@@ -182,8 +167,8 @@ def test_the_perfetto_file_is_structurally_valid(gpu):
     assert len(steps_x) == 5 * len(tl["steps"])
 
 
-def test_nvml_counters_and_request_lanes():
-    tl = make_timeline(gpu=True)
+def test_nvml_counters_and_request_lanes(switched_timeline):
+    tl = switched_timeline(gpu=True)
     for i, s in enumerate(tl["nvml"]):
         s.update(gpu_util=90.0 + i, mem_util=40.0, power_w=300.0)
     trace = to_perfetto(tl)

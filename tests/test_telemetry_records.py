@@ -13,19 +13,17 @@ from batchscope.telemetry.synthetic import SyntheticEngine
 TOL = 0.2   # µs: records are rounded to 0.1 µs
 
 
-def story(gpu: bool):
-    """A sync burst, a live switch to async, an idle pause, a second burst back in sync."""
-    eng = SyntheticEngine(gpu=gpu, mode="sync", seed=1)
-    tel = Telemetry(eng, nvml_hz=0)
-    eng.submit(6, prompt_tokens=40, max_new_tokens=7)
-    eng.run(max_steps=3)
-    eng.set_mode("async")
-    eng.run()
-    eng.idle(5000)
-    eng.submit(3, prompt_tokens=16, max_new_tokens=4)
-    eng.set_mode("sync")
-    eng.run()
-    return eng, tel
+@pytest.fixture
+def story(sync_then_async):
+    """A sync burst, a live switch to async, an idle pause, a second burst back in sync: story(gpu) -> (eng, tel)."""
+    def tell(gpu: bool):
+        eng, tel = sync_then_async(gpu, seed=1, requests=6, prompt_tokens=40, max_new_tokens=7)
+        eng.idle(5000)
+        eng.submit(3, prompt_tokens=16, max_new_tokens=4)
+        eng.set_mode("sync")
+        eng.run()
+        return eng, tel
+    return tell
 
 
 def check_consistent(tl: dict, outputs: dict[str, int]) -> None:
@@ -68,7 +66,7 @@ def check_consistent(tl: dict, outputs: dict[str, int]) -> None:
 
 
 @pytest.mark.parametrize("gpu", [True, False], ids=["gpu-events", "cpu"])
-def test_records_are_complete_and_consistent(gpu):
+def test_records_are_complete_and_consistent(gpu, story):
     eng, tel = story(gpu)
     tl = json.loads(json.dumps(tel.timeline()))
     validate_timeline(tl)
@@ -78,7 +76,7 @@ def test_records_are_complete_and_consistent(gpu):
     tel.close()
 
 
-def test_cpu_records_have_no_gpu_key_and_use_the_launch_span():
+def test_cpu_records_have_no_gpu_key_and_use_the_launch_span(story):
     _, tel = story(gpu=False)
     for rec in tel.timeline()["steps"]:
         assert "gpu" not in rec
@@ -89,13 +87,8 @@ def test_cpu_records_have_no_gpu_key_and_use_the_launch_span():
     tel.close()
 
 
-def test_async_hides_the_gaps_that_sync_opens():
-    eng = SyntheticEngine(gpu=True, mode="sync", compute_us=3000)
-    tel = Telemetry(eng, nvml_hz=0)
-    eng.submit(8, prompt_tokens=32, max_new_tokens=12)
-    eng.run(max_steps=6)
-    eng.set_mode("async")
-    eng.run()
+def test_async_hides_the_gaps_that_sync_opens(sync_then_async):
+    _, tel = sync_then_async(True, requests=8, prompt_tokens=32, max_new_tokens=12, sync_steps=6, compute_us=3000)
     steps = tel.timeline()["steps"]
     sync = [r for r in steps if r["mode"] == "sync"][1:]
     overlapped = [r for r in steps if r["mode"] == "async"][1:]   # the first async step follows a drain
@@ -108,7 +101,7 @@ def test_async_hides_the_gaps_that_sync_opens():
     tel.close()
 
 
-def test_idle_parts_sum_to_the_gap_and_an_empty_queue_is_named():
+def test_idle_parts_sum_to_the_gap_and_an_empty_queue_is_named(story):
     _, tel = story(gpu=True)
     steps = tel.timeline()["steps"]
     for rec in steps[1:]:
@@ -123,7 +116,7 @@ def test_idle_parts_sum_to_the_gap_and_an_empty_queue_is_named():
     tel.close()
 
 
-def test_mode_changes_are_recorded_at_the_step_they_take_effect():
+def test_mode_changes_are_recorded_at_the_step_they_take_effect(story):
     _, tel = story(gpu=True)
     tl = tel.timeline()
     changes = tl["mode_changes"]
@@ -154,7 +147,7 @@ def test_a_named_recording_keeps_its_mode_changes_and_viewers_still_hear_them():
     tel.close()
 
 
-def test_events_are_read_inside_the_callback():
+def test_events_are_read_inside_the_callback(story):
     """The synthetic engine invalidates a step's events right after its trace is delivered (the engine re-records
     them two steps later): reading them late would fail and drop the GPU spans."""
     _, tel = story(gpu=True)

@@ -1,0 +1,59 @@
+"""The floor a decode step is set against: the copy bandwidth this device reaches, measured at bench start, and
+the bytes a decode step of the workload must stream (weights once, plus every request's KV).
+
+Imports only torch, so `python -m batchscope.app.bench` runs where the server's packages are not installed.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def measure_bandwidth(device: torch.device, mib: int | None = None, trials: int = 5) -> dict:
+    """Copy bandwidth in GB/s (1e9 B/s), counting bytes read plus bytes written: the rate a memory-bound decode
+    step can at best stream its weights and KV. CUDA: a same-dtype contiguous copy (a device-to-device memcpy)
+    timed with CUDA events. CPU: the same copy timed with the host clock. The median of `trials` is reported."""
+    cuda = device.type == "cuda"
+    nbytes = (mib or (1024 if cuda else 128)) * 2**20
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    iters = 10 if cuda else 3
+    for _ in range(3):                   # first touches page in memory and warm the copy engine
+        dst.copy_(src)
+    times_ms = []
+    for _ in range(trials):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times_ms.append(start.elapsed_time(end) / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dst.copy_(src)
+            times_ms.append((time.perf_counter() - t0) * 1e3 / iters)
+    ms = statistics.median(times_ms)
+    del src, dst
+    if cuda:
+        torch.cuda.empty_cache()
+    moved = 2 * nbytes
+    return {"gbps": round(moved / (ms * 1e-3) / 1e9, 2), "bytes_moved": moved, "ms_per_copy": round(ms, 4),
+            "trials": trials, "method": "cuda events, device-to-device copy" if cuda else "host clock, tensor copy"}
+
+
+def decode_floor(info: dict, requests: int, prompt_tokens: int, new_tokens: int, gbps: float) -> dict:
+    """The fastest a decode step of this workload could run if it only had to stream its bytes once: weights
+    (minus the embedding table) plus every request's KV, over the copy bandwidth. Lengths are fixed, so the mean
+    context of a decode step is known exactly: the step producing token j (j = 2..new) reads prompt + j - 1
+    positions, whose mean over the decode is prompt + new/2."""
+    if new_tokens < 2 or not gbps:
+        return {"mean_context_tokens": None, "bytes_per_step": None, "ms_per_step": None}
+    context = requests * (prompt_tokens + new_tokens / 2)
+    nbytes = info["weight_bytes"] + info["kv_bytes_per_token"] * context
+    return {"mean_context_tokens": context, "bytes_per_step": int(nbytes),
+            "ms_per_step": round(nbytes / (gbps * 1e9) * 1e3, 4)}

@@ -1,0 +1,235 @@
+/* The toolbar above the charts: pause and window width, downloads, named recordings, loading a replay, and
+ * the replay bar. It builds the chart containers too (#bs-gantt, #bs-c-*), inside #bs-scope. */
+import { api, withToken } from "./api.js";
+import { currentData, currentRange, followLive, normalise, replayRange, state } from "./feed.js";
+import { setConn } from "./header.js";
+import { $, note, pick, setText } from "./util.js";
+
+// Controls that need an engine; a replay-only server disables them.
+const LIVE_ONLY = ["bs-rec", "bs-rec-name", "bs-rec-list", "bs-dl-json", "bs-dl-trace", "bs-pause"];
+
+function scopeHtml() {
+  return `
+    <div class="bs-toolbar">
+      <span class="bs-group">
+        <span id="bs-conn" class="bs-conn" data-state="connecting">connecting…</span>
+        <button id="bs-pause" class="bs-btn" title="Freeze the window (data keeps arriving)">Pause</button>
+        <span class="bs-seg" id="bs-window" title="Window width">
+          <button data-span="2">2 s</button><button data-span="5">5 s</button><button data-span="10" class="active">10 s</button><button data-span="30">30 s</button><button data-span="120">2 min</button><button data-span="all">all</button>
+        </span>
+        <span class="bs-counter" id="bs-counter"></span>
+      </span>
+      <span class="bs-group">
+        <a id="bs-dl-json" class="bs-btn" href="${withToken("/api/timeline.json?download=true")}" download="batchscope-timeline.json" title="The recording so far: batchscope.timeline/1 JSON">⤓ timeline JSON</a>
+        <a id="bs-dl-trace" class="bs-btn" href="${withToken("/api/trace.json?download=true")}" download="batchscope-trace.json" title="Chrome Trace Event format: open in ui.perfetto.dev">⤓ Perfetto trace</a>
+      </span>
+      <span class="bs-group" id="bs-rec-group">
+        <input id="bs-rec-name" class="bs-input" placeholder="recording name" size="14">
+        <button id="bs-rec" class="bs-btn" title="Start a named recording">● record</button>
+        <select id="bs-rec-list" class="bs-input" title="Download a named recording"><option value="">recordings…</option></select>
+      </span>
+      <span class="bs-group">
+        <button id="bs-load" class="bs-btn" title="Load a downloaded timeline JSON and view it here">⤒ load replay</button>
+        <input id="bs-file" type="file" accept=".json,application/json" hidden>
+      </span>
+      <span id="bs-msg" class="bs-msg" role="status"></span>
+    </div>
+    <div id="bs-replay-bar" class="bs-replay-bar" hidden>
+      <span id="bs-replay-text"></span>
+      <button id="bs-back-live" class="bs-btn">back to live</button>
+    </div>
+    <div class="bs-gantt-wrap"><canvas id="bs-gantt-canvas"></canvas><div id="bs-gantt" class="bs-plot bs-gantt"></div></div>
+    <div id="bs-legend" class="bs-legend"></div>
+    <div class="bs-grid">
+      <div id="bs-c-busy" class="bs-plot bs-chart"></div>
+      <div id="bs-c-tps" class="bs-plot bs-chart"></div>
+      <div id="bs-c-batch" class="bs-plot bs-chart"></div>
+      <div id="bs-c-kv" class="bs-plot bs-chart"></div>
+      <div id="bs-c-queue" class="bs-plot bs-chart"></div>
+      <div id="bs-c-step" class="bs-plot bs-chart"></div>
+    </div>`;
+}
+
+// Something the user did changed what to draw: show it in the controls and draw it at the next turn.
+function changed() {
+  syncControls();
+  state.dirty = true;
+}
+
+export function buildScope(el) {
+  el.innerHTML = scopeHtml();
+  bindWindow(el);
+  $("bs-rec").onclick = toggleRecording;
+  $("bs-rec-list").onchange = ev => {
+    const name = ev.target.value;
+    if (!name) return;
+    const a = document.createElement("a");
+    a.href = withToken("/api/timeline.json?download=true&recording=" + encodeURIComponent(name));
+    a.download = "batchscope-" + name + ".json";
+    document.body.appendChild(a); a.click(); a.remove();
+    ev.target.value = "";
+  };
+  $("bs-load").onclick = () => $("bs-file").click();
+  $("bs-file").onchange = ev => { const f = ev.target.files[0]; ev.target.value = ""; if (f) loadReplayFile(f); };
+  $("bs-back-live").onclick = backToLive;
+  if (!state.live) disableLiveOnly();
+  syncControls();
+}
+
+function bindWindow(el) {
+  const view = state.view;
+  $("bs-pause").onclick = () => {
+    if (view.follow && view.source === "live") {
+      view.range = state.shownRange || currentRange(currentData());   // freeze what is on screen, no jump
+      view.follow = false;
+    } else if (view.source === "live") {
+      view.follow = true; view.range = null;
+    }
+    changed();
+  };
+  for (const b of el.querySelectorAll("#bs-window button")) {
+    b.onclick = () => {
+      view.span = b.dataset.span === "all" ? Infinity : Number(b.dataset.span) * 1e6;
+      if (view.source === "live") { view.follow = true; view.range = null; }
+      else view.range = replayRange();
+      changed();
+    };
+  }
+}
+
+function disableLiveOnly() {
+  for (const id of LIVE_ONLY) {
+    const x = $(id); if (x) { x.setAttribute("disabled", ""); x.classList.add("disabled"); }
+  }
+  // the file being replayed is what there is to download
+  $("bs-dl-json").href = withToken("/api/replay.json");
+  $("bs-dl-json").classList.remove("disabled"); $("bs-dl-json").removeAttribute("disabled");
+  $("bs-back-live").hidden = true;
+  $("bs-rec-group").hidden = true;       // nothing to record without an engine
+}
+
+export function syncControls() {
+  const view = state.view;
+  const p = $("bs-pause");
+  if (p) {
+    p.textContent = view.follow ? "Pause" : "Resume live";
+    p.classList.toggle("paused", !view.follow);
+    p.hidden = view.source !== "live";
+  }
+  const want = view.span === Infinity ? "all" : String(view.span / 1e6);
+  for (const b of document.querySelectorAll("#bs-window button")) b.classList.toggle("active", b.dataset.span === want);
+  const bar = $("bs-replay-bar");
+  if (bar) bar.hidden = view.source !== "replay";
+  if (state.root) state.root.dataset.source = view.source;
+}
+
+// ---------------------------------------------------------------- recordings
+
+function showRecording(name) {
+  const input = $("bs-rec-name"), btn = $("bs-rec");
+  input.value = name || ""; input.disabled = !!name;
+  btn.textContent = name ? "■ stop" : "● record";
+  btn.classList.toggle("recording", !!name);
+}
+
+async function toggleRecording() {
+  try {
+    if (!state.recording) {
+      const input = $("bs-rec-name");
+      const name = (input.value || "").trim() || ("run-" + new Date().toISOString().slice(11, 19).replace(/:/g, ""));
+      await api("/api/recording/start", "POST", { name });
+      state.recording = name;
+      showRecording(name);
+      note("recording “" + name + "”", false);
+    } else {
+      const res = await api("/api/recording/stop", "POST", {});
+      const n = res && (pick(res, "steps", "num_steps") ?? pick(res.summary || {}, "steps"));
+      note("saved “" + state.recording + "”" + (n !== undefined ? " (" + n + " steps)" : ""), false);
+      state.recording = null;
+      showRecording(null);
+      refreshRecordings();
+    }
+  } catch (e) {
+    note("recording: " + e.message, true);
+  }
+}
+
+export async function refreshRecordings() {
+  if (!state.live) return;
+  try {
+    const res = await api("/api/recordings", "GET", undefined, 5000);
+    const list = Array.isArray(res) ? res : (res && (res.recordings || res.names)) || [];
+    const sel = $("bs-rec-list");
+    if (!sel) return;
+    const active = res && !Array.isArray(res) ? pick(res, "active", "current") : undefined;
+    sel.innerHTML = `<option value="">recordings (${list.length})…</option>`;
+    for (const it of list) {
+      const name = typeof it === "string" ? it : it.name;
+      if (!name) continue;
+      const o = document.createElement("option");
+      o.value = name;
+      const steps = typeof it === "object" ? pick(it, "steps", "num_steps") : undefined;
+      o.textContent = "⤓ " + name + (steps !== undefined ? " · " + steps + " steps" : "");
+      sel.appendChild(o);
+    }
+    // a recording started elsewhere (API, another tab) shows as running here too
+    const activeName = typeof active === "string" ? active : active && active.name;
+    if (activeName && !state.recording) {
+      state.recording = activeName;
+      showRecording(activeName);
+    }
+  } catch (e) { /* list is optional */ }
+}
+
+// ---------------------------------------------------------------- replay
+
+async function loadReplayFile(file) {
+  let text, obj;
+  try {
+    text = await file.text();
+    obj = JSON.parse(text);
+    normalise(obj);                        // fail early, with a readable reason
+  } catch (e) {
+    note("cannot replay " + file.name + ": " + e.message, true);
+    return;
+  }
+  // The server validates the file too (schema, JSON Schema) and keeps it for /api/replay.json.
+  try {
+    await api("/api/replay", "POST", text, 60000);
+  } catch (e) {
+    note("replay rejected: " + e.message, true);
+    return;
+  }
+  let shown = obj;
+  try { shown = await api("/api/replay.json", "GET", undefined, 60000) || obj; } catch (e) { /* use the local copy */ }
+  showReplay(shown, file.name);
+}
+
+function replayTitle(tl, name) {
+  const m = tl.meta || {};
+  const model = typeof m.model === "string" ? m.model : (m.model && m.model.name) || pick(m.engine || m.config || {}, "model") || "?";
+  return `Replay: ${name} · ${model} on ${pick(m, "device") || "?"}` +
+    (m.gpu ? " (" + (typeof m.gpu === "string" ? m.gpu : m.gpu.name || "") + ")" : "") +
+    ` · ${tl.steps.length} steps · ${tl.requests.length} requests · ${tl.mode_changes.length} mode switches`;
+}
+
+export function showReplay(obj, name) {
+  let tl;
+  try { tl = normalise(obj); } catch (e) { note("cannot replay: " + e.message, true); return; }
+  const view = state.view;
+  view.source = "replay";
+  view.replay = tl;
+  view.replayName = name || (tl.meta && tl.meta.name) || "timeline";
+  view.follow = false;
+  view.span = Infinity;
+  view.range = replayRange();
+  setText("bs-replay-text", replayTitle(tl, view.replayName));
+  if (!state.live) setConn("replay");
+  changed();
+  note("replaying " + view.replayName, false);
+}
+
+export function backToLive() {
+  followLive();
+  changed();
+}

@@ -1,0 +1,244 @@
+/* What the page knows, in one state object: the live telemetry from the websocket, the timeline being
+ * replayed, what the view shows, and the page's own flags. Every other module reads and changes this object;
+ * none keeps state of its own about the data.
+ *
+ * Live and replayed data have one shape, so the same render code draws them:
+ *   {steps: [...], nvml: [...], requests: [...], mode_changes: [...], meta: {...}}
+ * Times are microseconds since the recording start.
+ */
+import { socket } from "./api.js";
+import { fmt, pick, setText } from "./util.js";
+
+const KEEP_US = 180e6;                      // live history kept in the browser (the server keeps the recording)
+const KEEP_STEPS = 60000;
+const LIVE_SPAN_US = 10e6;                  // the window width a live view starts with
+
+function emptyStore() {
+  return { steps: [], nvml: [], mode_changes: [], meta: {}, lastStep: -1, lastT: 0, lastTAt: 0 };
+}
+
+export const state = {
+  store: emptyStore(),                      // live data, fed by the websocket
+  view: {
+    source: "live",                         // "live" | "replay"
+    replay: null,                           // a normalised timeline when source is "replay"
+    replayName: "",
+    follow: true,                           // live: the window slides with the newest data
+    span: LIVE_SPAN_US,                     // window width, µs (Infinity = everything)
+    range: null,                            // [lo, hi] µs when not following
+  },
+  root: null,                               // #bs-scope
+  live: true,                               // false on a replay-only server (no engine)
+  mode: null,                               // the engine's mode, as last heard
+  recording: null,                          // the name of the recording running, if any
+  dirty: true,                              // something changed since the last picture
+  dropped: 0,                               // frames the server dropped for this viewer
+  shownRange: null,                         // the [lo, hi] of the last picture drawn
+  renders: 0,
+  renderCost: 20,                           // ms per picture, smoothed: the redraw period follows it
+};
+
+// ---------------------------------------------------------------- records
+
+export function span(rec, group, key) {
+  const g = rec[group];
+  const s = g && g[key];
+  return s && s.length === 2 && s[0] !== null && s[1] !== null ? s : null;
+}
+
+// Cache each step's extent and the instant its GPU work began (where an idle gap ends).
+function prep(r) {
+  let s = Infinity, e = -Infinity;
+  for (const group of ["cpu", "gpu"]) {
+    const g = r[group];
+    if (!g) continue;
+    for (const k in g) {
+      const v = g[k];
+      if (!v || v[0] === null || v[0] === undefined) continue;
+      if (v[0] < s) s = v[0];
+      if (v[1] > e) e = v[1];
+    }
+  }
+  r._s = isFinite(s) ? s : (r.t_us || 0);
+  r._e = isFinite(e) ? e : r._s;
+  // The compute span: CUDA events on a GPU; on CPU telemetry gives the host launch span instead
+  // (compute_basis "host"), since the forward runs inside launch there.
+  const ev = span(r, "gpu", "compute");
+  const cu = Array.isArray(r.compute_us) && r.compute_us[0] !== null && r.compute_basis !== "none" ? r.compute_us : null;
+  r._cs = ev || cu;
+  r._hostCompute = !ev && !!cu && r.compute_basis === "host";
+  r._c = r._cs ? r._cs[0] : r._s;
+  r._tok = pick(r, "tokens_out", "sampled") ?? (r.decode_tokens || 0);
+  return r;
+}
+
+export function normalise(obj) {
+  if (!obj || typeof obj !== "object") throw new Error("not a JSON object");
+  if (!Array.isArray(obj.steps)) throw new Error("no \"steps\" array: is this a batchscope timeline?");
+  const steps = obj.steps.filter(s => s && typeof s === "object").map(prep);
+  steps.sort((a, b) => a.step - b.step);
+  return {
+    steps,
+    nvml: Array.isArray(obj.nvml) ? obj.nvml.slice().sort((a, b) => a.t_us - b.t_us) : [],
+    requests: Array.isArray(obj.requests) ? obj.requests : [],
+    mode_changes: Array.isArray(obj.mode_changes) ? obj.mode_changes : [],
+    meta: obj.meta || {},
+    summary: obj.summary || {},
+  };
+}
+
+// ---------------------------------------------------------------- the live store
+
+function seen(t) {
+  const store = state.store;
+  if (t > store.lastT) { store.lastT = t; store.lastTAt = performance.now(); }
+}
+
+function addSteps(list) {
+  const store = state.store;
+  for (const r of list || []) {
+    if (!r || typeof r.step !== "number") continue;
+    if (r.step <= store.lastStep) continue;   // already have it (hello's recent overlaps the stream)
+    store.lastStep = r.step;
+    store.steps.push(prep(r));
+    seen(r._e);
+  }
+  trim();
+}
+
+function addNvml(list) {
+  let last = null;
+  for (const s of list || []) {
+    if (!s || typeof s.t_us !== "number") continue;
+    state.store.nvml.push(s);
+    seen(s.t_us);
+    last = s;
+  }
+  if (last) {
+    const v = last.gpu_util !== null && last.gpu_util !== undefined ? last.gpu_util : pick(last, "cpu_pct");
+    setText("bs-st-nvml", fmt(v) + "%");
+  }
+  trim();
+}
+
+function addModeChange(m) {
+  if (!m || typeof m.t_us !== "number") return;
+  const changes = state.store.mode_changes;
+  const dup = changes.some(x => x.t_us === m.t_us && x.to === m.to);
+  if (!dup) changes.push({ t_us: m.t_us, step: m.step, from: m.from, to: m.to });
+}
+
+// Bounded history: cut in chunks so that a long session does not shift arrays on every message.
+function trim() {
+  const store = state.store;
+  const cut = store.lastT - KEEP_US;
+  if (store.steps.length > KEEP_STEPS * 1.2 || (store.steps.length && store.steps[0]._e < cut - 30e6)) {
+    let i = 0;
+    while (i < store.steps.length && (store.steps[i]._e < cut || store.steps.length - i > KEEP_STEPS)) i++;
+    store.steps.splice(0, i);
+  }
+  if (store.nvml.length > 20000) store.nvml.splice(0, store.nvml.length - 15000);
+}
+
+// One websocket message. `header` shows what the message says about the engine (status, stats, mode).
+export function handle(m, header) {
+  const store = state.store;
+  switch (m.type) {
+    case "hello": {
+      // A (re)connect starts a fresh picture: the server sends what it has kept recently.
+      const keepMeta = store.meta;
+      Object.assign(store, emptyStore());
+      store.meta = Object.assign({}, keepMeta, m);
+      delete store.meta.recent;             // the records live in the store, not twice
+      const recent = m.recent || {};
+      addSteps(recent.steps);
+      addNvml(recent.nvml || recent.samples);
+      for (const c of recent.mode_changes || []) addModeChange(c);
+      if (typeof m.t_us === "number") seen(m.t_us);
+      header.showStatus(Object.assign({}, m.status || {}, m));
+      if (m.mode) header.setMode(m.mode);
+      break;
+    }
+    case "steps": addSteps(m.steps); break;
+    case "nvml": addNvml(m.samples || m.nvml); break;
+    case "requests": break;             // per-request latencies: the burst tables and the downloads have them
+    case "mode":
+      addModeChange(m);
+      if (typeof m.t_us === "number") seen(m.t_us);
+      if (m.to) header.setMode(m.to);
+      break;
+    case "stats":
+      if (typeof m.t_us === "number") seen(m.t_us);
+      header.showStats(m);
+      break;
+    default:
+      if (/drop/.test(String(m.type))) {
+        state.dropped += Number(pick(m, "dropped", "count", "frames") || 1);
+        setText("bs-dropped", state.dropped + " frames dropped (slow link)");
+      }
+  }
+  state.dirty = true;
+}
+
+// ---------------------------------------------------------------- what to draw
+
+export function currentData() {
+  const { view, store } = state;
+  if (view.source === "replay" && view.replay) return view.replay;
+  return { steps: store.steps, nvml: store.nvml, mode_changes: store.mode_changes, requests: [], meta: store.meta };
+}
+
+// The live "now" on the server's clock (µs), for the sliding window.
+export function liveNow() {
+  const store = state.store;
+  if (!store.lastTAt) return store.lastT;
+  // extrapolate the server clock between messages (bounded, so a dead link freezes the picture)
+  const ahead = Math.min((performance.now() - store.lastTAt) * 1000, 3e6);
+  return store.lastT + (socket.open ? ahead : 0);
+}
+
+export function currentRange(d) {
+  const view = state.view;
+  if (!view.follow && view.range) return view.range;
+  const hi = Math.max(liveNow(), 1e6);
+  if (view.span === Infinity) {
+    const lo = d.steps.length ? Math.min(d.steps[0]._s, d.nvml.length ? d.nvml[0].t_us : Infinity) : 0;
+    return [lo, hi];
+  }
+  return [hi - view.span, hi];
+}
+
+// Steps are ordered by index, and so (nearly) by time: binary-search the start, then filter.
+export function stepsIn(steps, lo, hi) {
+  let a = 0, b = steps.length;
+  while (a < b) { const mid = (a + b) >> 1; if (steps[mid]._s < lo - 5e6) a = mid + 1; else b = mid; }
+  const out = [];
+  for (let i = a; i < steps.length; i++) {
+    const s = steps[i];
+    if (s._s > hi) break;
+    if (s._e >= lo) out.push(s);
+  }
+  return out;
+}
+
+// The steps' extent (NVML keeps sampling while the engine idles; that tail would squeeze the steps).
+function replayExtent() {
+  const d = state.view.replay;
+  let lo = Infinity, hi = -Infinity;
+  for (const s of d.steps) { if (s._s < lo) lo = s._s; if (s._e > hi) hi = s._e; }
+  if (!isFinite(lo)) for (const s of d.nvml) { if (s.t_us < lo) lo = s.t_us; if (s.t_us > hi) hi = s.t_us; }
+  if (!isFinite(lo)) return [0, 1e6];
+  const pad = Math.max((hi - lo) * 0.01, 1000);
+  return [lo - pad, hi + pad];
+}
+
+export function replayRange() {
+  const [lo, hi] = replayExtent();
+  const span = state.view.span;
+  return span === Infinity ? [lo, hi] : [Math.max(lo, hi - span), hi];
+}
+
+// Back to the live window as a fresh page starts it.
+export function followLive() {
+  Object.assign(state.view, { source: "live", replay: null, follow: true, range: null, span: LIVE_SPAN_US });
+}

@@ -1,0 +1,35 @@
+/* Small DOM and formatting helpers shared by every part of the page. */
+
+export function $(id) { return document.getElementById(id); }
+
+// Writes only on change: the header is updated several times a second and most values stay the same.
+export function setText(id, text) {
+  const el = $(id);
+  if (el && el.textContent !== text) el.textContent = text;
+}
+
+// The first of `keys` that obj has (not null): server messages name some fields in more than one way.
+export function pick(obj, ...keys) {
+  if (!obj) return undefined;
+  for (const k of keys) if (obj[k] !== undefined && obj[k] !== null) return obj[k];
+  return undefined;
+}
+
+export function fmt(v, digits) {
+  if (v === undefined || v === null || Number.isNaN(v)) return "–";
+  return Number(v).toFixed(digits === undefined ? 0 : digits);
+}
+
+export function esc(s) {
+  return String(s).replace(/[&<>"']/g, c => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+
+// A short message in the toolbar; errors stay longer than confirmations.
+export function note(text, isError) {
+  const el = $("bs-msg");
+  if (!el) return;
+  el.textContent = text;
+  el.className = "bs-msg " + (isError ? "bs-error" : "bs-ok");
+  clearTimeout(note.timer);
+  note.timer = setTimeout(() => { el.textContent = ""; el.className = "bs-msg"; }, isError ? 12000 : 5000);
+}
