@@ -120,9 +120,14 @@ class RequestHandle:
         with self._lock:
             if output is not None:
                 self._output = output
-            self._queue.put(delta)
-            for loop, q in self._async_targets:
-                loop.call_soon_threadsafe(q.put_nowait, delta)
+            if not self._async_targets:
+                self._queue.put(delta)          # a reader subscribed through astream gets it there instead
+            for target in list(self._async_targets):
+                loop, q = target
+                try:
+                    loop.call_soon_threadsafe(q.put_nowait, delta)
+                except RuntimeError:            # the reader's event loop is closed: it is gone, not the step
+                    self._async_targets.remove(target)
         if delta.finished:
             self._done.set()
 
@@ -151,11 +156,16 @@ class RequestHandle:
                 q.put_nowait(self._queue.get_nowait())
             self._async_targets.append((loop, q))
         detok = IncrementalDetokenizer(self._decode)
-        while True:
-            delta = await q.get()
-            yield self._with_text(detok, delta)
-            if delta.finished:
-                return
+        try:
+            while True:
+                delta = await q.get()
+                yield self._with_text(detok, delta)
+                if delta.finished:
+                    return
+        finally:                                 # a reader that stops early unsubscribes
+            with self._lock:
+                if (loop, q) in self._async_targets:
+                    self._async_targets.remove((loop, q))
 
     def result(self, timeout: float | None = None) -> RequestOutput:
         if not self._done.wait(timeout):

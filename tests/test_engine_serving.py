@@ -282,3 +282,21 @@ def test_bench_names_runs_whose_tokens_differ_from_the_first():
             {"system": "batchscope", "label": "sync", "repeat": 1, "tokens_digest": _digest([[1, 2], [4]])}]
     assert disagreeing_runs({"runs": runs}) == ["sync#1"]
     assert disagreeing_runs({"runs": runs[:3]}) == []
+
+
+def test_a_reader_whose_event_loop_closed_does_not_fail_the_others_in_its_step(engine):
+    """A client's event loop can close mid-stream (a server worker going away): the engine must treat that reader
+    as gone, not fail the step that carried its token, which would end every request in the batch with "error"."""
+    long = engine.submit([9, 8, 7], SamplingParams(max_new_tokens=40, ignore_eos=True))
+    mates = [engine.submit([4, 5, 6 + i], SamplingParams(max_new_tokens=40, ignore_eos=True)) for i in range(3)]
+    loop = asyncio.new_event_loop()
+
+    async def read_one():
+        stream = long.astream()
+        await stream.__anext__()
+
+    loop.run_until_complete(read_one())
+    loop.close()
+    for handle in [long] + mates:
+        out = handle.result(timeout=60)
+        assert out.finish_reason == "length" and len(out.token_ids) == 40, out.error
