@@ -11,7 +11,7 @@ attention, and the metadata must reach every layer all the same.
 
 Besides the plain kind, this covers what transformers passes for the supported families: sliding windows,
 logit soft-capping (Gemma 2) and keys wider than values (multi-head latent attention, DeepSeek-V2/V3). Anything
-else a model asks of its attention is caught at load by a probe forward (`ProbeMetadata`, `models.check_support`).
+else a model asks of its attention is caught at load by a probe forward (`ProbeMetadata`, `support.check_support`).
 """
 from __future__ import annotations
 

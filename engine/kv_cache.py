@@ -41,7 +41,7 @@ class KVLayout:
     v_dim: int
 
 
-# Layouts seen by the load-time probe forward (models.check_support), by id of the model's config: what the
+# Layouts seen by the load-time probe forward (support.check_support), by id of the model's config: what the
 # attention layers actually hand over wins over what the config's fields suggest.
 _observed: dict[int, KVLayout] = {}
 
@@ -58,7 +58,7 @@ def kv_layout(model_config) -> KVLayout:
     Multi-head latent attention (DeepSeek-V2/V3) expands its compressed latent into one key of
     qk_nope + qk_rope dims and one value of v_head_dim dims per query head before attention, so the cache keeps
     num_attention_heads heads of two different widths. Everything else keeps num_key_value_heads heads of
-    head_dim for both. Once `models.check_support` has probed the model, its observation is used instead."""
+    head_dim for both. Once `support.check_support` has probed the model, its observation is used instead."""
     seen = _observed.get(id(model_config))
     if seen is not None:
         return seen

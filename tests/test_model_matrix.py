@@ -213,7 +213,8 @@ def test_refusals_by_config_alone_happen_before_weights_are_read(checkpoints, tm
 def test_unsupported_attention_kwarg_is_caught_by_the_probe(checkpoints):
     """gpt-oss passes attention sinks (s_aux) to the attention function: only the probe forward sees that."""
     from batchscope.engine.attention import register
-    from batchscope.engine.models import load_model, static_support
+    from batchscope.engine.models import load_model
+    from batchscope.engine.support import static_support
     from transformers import AutoConfig
 
     path = checkpoints("gpt_oss")
