@@ -218,7 +218,8 @@ def _attention_forward(module, query, key, value, attention_mask, scaling=None, 
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     softcap = kwargs.get("softcap")
     if meta.kernel == "triton":
-        from .attention_triton import paged_attention_triton, write_kv_triton
+        from .attention_triton import paged_attention_triton
+        from .kv_write_triton import write_kv_triton
         write_kv_triton(k_cache, v_cache, key[0].transpose(0, 1), value[0].transpose(0, 1), meta.slot_mapping)
         out = paged_attention_triton(q, k_cache, v_cache, meta, scale, window, softcap)
     else:

@@ -20,6 +20,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 
 from conftest import compile_for_hopper  # noqa: E402
 from batchscope.engine import attention_triton as at  # noqa: E402
+from batchscope.engine.kv_write_triton import write_kv_triton  # noqa: E402
 from batchscope.engine.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
 
 # The interpreter must have been on when the kernels were decorated (this module is normally the first importer).
@@ -170,7 +171,7 @@ def test_kv_write_kernel_matches_index_copy(dtype):
     value = torch.randn(1, 3, 20, 64, generator=gen).to(dtype)[0].transpose(0, 1)
     slots = torch.randperm(9 * 16, generator=gen)[:20]
     write_kv(caches[0][0], caches[0][1], key, value, slots)
-    at.write_kv_triton(caches[1][0], caches[1][1], key, value, slots)
+    write_kv_triton(caches[1][0], caches[1][1], key, value, slots)
     assert torch.equal(caches[0], caches[1])
 
 
@@ -213,6 +214,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 from batchscope.engine import attention_triton as at
+from batchscope.engine import kv_write_triton as kw
 from batchscope.engine.attention import AttentionMetadata
 
 launches = []
@@ -223,8 +225,9 @@ class Record:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: launches.append((self.kernel, args, kwargs))
 
-for name in ("_decode_split_kernel", "_decode_merge_kernel", "_prefill_kernel", "_write_kv_kernel"):
+for name in ("_decode_split_kernel", "_decode_merge_kernel", "_prefill_kernel"):
     setattr(at, name, Record(getattr(at, name)))
+kw._write_kv_kernel = Record(kw._write_kv_kernel)
 
 def meta(seq_lens, query_lens, block_size):
     width = max(seq_lens) // block_size + 1
@@ -247,7 +250,7 @@ case(32, 8, 128, 16, torch.bfloat16, [900, 4000, 5], [256, 1, 5], None)   # pref
 case(16, 2, 128, 16, torch.float32, [90, 3], [90, 1], 32)                 # fp32 prefill, window
 kv = torch.empty(64, 16, 8, 128, dtype=torch.bfloat16)
 new = torch.empty(1, 8, 32, 128, dtype=torch.bfloat16)[0].transpose(0, 1)   # [T, kv_heads, D] as transformers hands it
-at.write_kv_triton(kv[:32], kv[32:], new, new, torch.zeros(32, dtype=torch.int64))
+kw.write_kv_triton(kv[:32], kv[32:], new, new, torch.zeros(32, dtype=torch.int64))
 
 for kernel, args, kwargs in launches:
     params = [p for p in kernel.params if not p.is_constexpr]

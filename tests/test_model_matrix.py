@@ -316,7 +316,7 @@ def test_triton_kv_write_with_separate_widths():
     if not (torch.cuda.is_available() or _interpreted()):
         pytest.skip("needs CUDA or Triton's interpreter")
     from batchscope.engine.attention import write_kv
-    from batchscope.engine.attention_triton import write_kv_triton
+    from batchscope.engine.kv_write_triton import write_kv_triton
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     kc, vc = torch.zeros(6, 4, 2, 24, device=dev), torch.zeros(6, 4, 2, 12, device=dev)
