@@ -73,7 +73,7 @@ def _server_args(p: argparse.ArgumentParser) -> None:
 
 
 def _limit_args(p: argparse.ArgumentParser) -> None:
-    from .loadgen import Limits
+    from .schemas import Limits
 
     d = Limits()
     p.add_argument("--max-prompt-tokens", type=positive_int, default=d.max_prompt_tokens)
@@ -92,7 +92,7 @@ def _say(msg: str) -> None:
 def cmd_serve(args) -> int:
     from batchscope.engine.config import EngineConfig
 
-    from .loadgen import Limits
+    from .schemas import Limits
     from .server import check_bind
     from .state import AppState
 
@@ -105,8 +105,9 @@ def cmd_serve(args) -> int:
     except ValueError as e:
         _say(str(e))
         return 2
-    limits = Limits(args.max_prompt_tokens, args.max_new_tokens, args.max_burst_requests,
-                    args.max_concurrent_bursts, args.max_waiting_requests)
+    limits = Limits(max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
+                    max_burst_requests=args.max_burst_requests, max_concurrent_bursts=args.max_concurrent_bursts,
+                    max_waiting_requests=args.max_waiting_requests)
     try:
         with _Ticker(f"loading {args.model} on {args.device}"):
             state = AppState.load(config, limits)

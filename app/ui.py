@@ -15,14 +15,17 @@ import os
 import time
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402  (the environment variable must be set before the import)
 
-from .ui_html import (ab_html, first_present, gen_info_html, header_html, progress_html,  # noqa: E402
-                      replay_html, results_html, scope_html)
+from pydantic import ValidationError  # noqa: E402
+
+from .errors import validation_reason  # noqa: E402
+from .schemas import BurstSpec, Limits  # noqa: E402
+from .ui_html import (ab_html, gen_info_html, header_html, progress_html, replay_html,  # noqa: E402
+                      results_html, scope_html)
 
 ASSETS = resources.files("batchscope.assets")
 
@@ -40,31 +43,6 @@ THEME = gr.themes.Default(primary_hue="blue", neutral_hue="slate", spacing_size=
                           font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"])
 
 POLL_S = 0.3          # how often a running burst / A/B is polled for progress
-TERMINAL = {"done", "finished", "complete", "completed", "error", "failed", "cancelled"}
-
-
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    """Read a field from a dict or an object (AppState.limits may be either)."""
-    if obj is None:
-        return default
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
-@dataclass
-class _Limits:
-    """The server's limits, as the panel's number fields' maxima."""
-    max_prompt: int
-    max_new: int
-    max_burst: int
-
-    @classmethod
-    def of(cls, state) -> _Limits:
-        limits = getattr(state, "limits", None)
-        return cls(max_prompt=int(_get(limits, "max_prompt_tokens", 4096) or 4096),
-                   max_new=int(_get(limits, "max_new_tokens", 4096) or 4096),
-                   max_burst=int(_get(limits, "max_burst_requests", 1024) or 1024))
 
 
 @dataclass
@@ -108,7 +86,7 @@ class _LoadTestTab:
     ab_results: gr.HTML
 
     def spec_inputs(self) -> list:
-        """In the order `_spec` takes them."""
+        """In the order `_burst_spec` takes them."""
         return [self.n_req, self.p_min, self.p_max, self.o_min, self.o_max, self.arrival, self.rate,
                 self.burstiness, self.ignore_eos, self.seed]
 
@@ -117,7 +95,7 @@ class _LoadTestTab:
 
 def build_ui(state) -> gr.Blocks:
     live = state.engine is not None
-    limits = _Limits.of(state)
+    limits = state.limits
     with gr.Blocks(title="batchscope", analytics_enabled=False, fill_width=True) as demo:
         gr.HTML(header_html(state), elem_id="bs-header", js_on_load=None)
         with gr.Row(equal_height=False, elem_id="bs-main"):
@@ -137,7 +115,7 @@ def build_ui(state) -> gr.Blocks:
     return demo
 
 
-def _generate_tab(live: bool, limits: _Limits) -> _GenerateTab:
+def _generate_tab(live: bool, limits: Limits) -> _GenerateTab:
     prompt = gr.Textbox(label="Prompt", lines=3, placeholder="Ask the model something…", elem_id="bs-prompt",
                         interactive=live)
     with gr.Row():
@@ -148,7 +126,7 @@ def _generate_tab(live: bool, limits: _Limits) -> _GenerateTab:
     info = gr.HTML("", elem_id="bs-gen-info", js_on_load=None)
     with gr.Accordion("Sampling", open=True):
         with gr.Row():
-            max_tokens = gr.Number(64, label="max new tokens", precision=0, minimum=1, maximum=limits.max_new,
+            max_tokens = gr.Number(64, label="max new tokens", precision=0, minimum=1, maximum=limits.max_new_tokens,
                                    elem_id="bs-max-new", interactive=live)
             seed = gr.Number(-1, label="seed (-1 = random)", precision=0, minimum=-1, elem_id="bs-seed",
                              interactive=live)
@@ -163,20 +141,20 @@ def _generate_tab(live: bool, limits: _Limits) -> _GenerateTab:
                         ignore_eos, chat)
 
 
-def _load_test_tab(live: bool, limits: _Limits) -> _LoadTestTab:
+def _load_test_tab(live: bool, limits: Limits) -> _LoadTestTab:
     with gr.Row():
-        n_req = gr.Number(16, label="requests", precision=0, minimum=1, maximum=limits.max_burst, elem_id="bs-n",
-                          interactive=live)
+        n_req = gr.Number(16, label="requests", precision=0, minimum=1, maximum=limits.max_burst_requests,
+                          elem_id="bs-n", interactive=live)
         seed = gr.Number(0, label="seed", precision=0, elem_id="bs-burst-seed", interactive=live)
     with gr.Row():
-        p_min = gr.Number(16, label="prompt tokens min", precision=0, minimum=1, maximum=limits.max_prompt,
+        p_min = gr.Number(16, label="prompt tokens min", precision=0, minimum=1, maximum=limits.max_prompt_tokens,
                           elem_id="bs-pmin", interactive=live)
-        p_max = gr.Number(64, label="prompt tokens max", precision=0, minimum=1, maximum=limits.max_prompt,
+        p_max = gr.Number(64, label="prompt tokens max", precision=0, minimum=1, maximum=limits.max_prompt_tokens,
                           elem_id="bs-pmax", interactive=live)
     with gr.Row():
-        o_min = gr.Number(16, label="output tokens min", precision=0, minimum=1, maximum=limits.max_new,
+        o_min = gr.Number(16, label="output tokens min", precision=0, minimum=1, maximum=limits.max_new_tokens,
                           elem_id="bs-omin", interactive=live)
-        o_max = gr.Number(64, label="output tokens max", precision=0, minimum=1, maximum=limits.max_new,
+        o_max = gr.Number(64, label="output tokens max", precision=0, minimum=1, maximum=limits.max_new_tokens,
                           elem_id="bs-omax", interactive=live)
     arrival = gr.Radio([("all at once", "burst"), ("Poisson", "poisson"), ("gamma", "gamma")], value="burst",
                        label="arrival", elem_id="bs-arrival", interactive=live)
@@ -237,15 +215,13 @@ def _wire_load_test(state, tab: _LoadTestTab) -> None:
 
     tab.arrival.change(arrival_changed, tab.arrival, [tab.rate, tab.burstiness])
 
-    def ab_label(ab_id, phase, st):
-        running = first_present(st, "phase", "current", "mode", default="")
-        return f"A/B {ab_id}: {phase}" + (f" ({running})" if running and phase not in TERMINAL else "")
+    def ab_label(st) -> str:
+        return f"A/B {st.id}: {st.state}" + (f" ({st.phase})" if st.phase and st.state == "running" else "")
 
-    run_burst = _follow("burst", state.start_burst, state.burst_status,
-                        lambda burst_id, phase, st: f"burst {burst_id}: {phase}",
-                        lambda st: results_html(st.get("results")))
+    run_burst = _follow("burst", state.start_burst, state.burst_status, lambda st: f"burst {st.id}: {st.state}",
+                        lambda st: results_html(st.results))
     run_ab = _follow("A/B", state.start_ab, state.ab_status, ab_label,
-                     lambda st: ab_html(st) if (st.get("sync") or st.get("async")) else "")
+                     lambda st: ab_html(st) if st.sync is not None or st.async_ is not None else "")
     # our own progress bars say how far a run got; Gradio's overlay would only hide them
     tab.burst.click(run_burst, tab.spec_inputs(), [tab.burst_progress, tab.burst_results], concurrency_limit=4,
                     show_progress="hidden")
@@ -257,7 +233,10 @@ def _follow(kind: str, start, status, label, table):
     """A handler that starts a burst or an A/B, then polls it: (progress, results) until it ends or fails."""
     def run(*values):
         try:
-            run_id = start(_spec(*values))
+            run_id = start(_burst_spec(*values))
+        except ValidationError as e:
+            yield progress_html(0, 0, "", error=f"{kind} not started: {validation_reason(e)}"), ""
+            return
         except Exception as e:
             yield progress_html(0, 0, "", error=f"{kind} not started: {e}"), ""
             return
@@ -267,29 +246,17 @@ def _follow(kind: str, start, status, label, table):
             except Exception as e:
                 yield progress_html(0, 0, "", error=f"{kind} {run_id}: {e}"), ""
                 return
-            phase = str(st.get("state", "running"))
-            err = st.get("error")
-            yield (progress_html(st.get("done"), st.get("total"), label(run_id, phase, st),
-                                 error=f"{kind} {run_id} failed: {err}" if err else None), table(st))
-            if phase in TERMINAL or err:
+            yield (progress_html(st.done, st.total, label(st),
+                                 error=f"{kind} {run_id} failed: {st.error}" if st.error else None), table(st))
+            if st.state != "running":
                 return
             time.sleep(POLL_S)
     return run
 
 
-def _spec(n, pmin, pmax, omin, omax, arrival, rate, burstiness, ignore_eos, seed) -> dict:
-    """The POST /api/burst body, from the panel's fields (the server validates ranges and limits)."""
-    def need(v, name):
-        if v is None or v == "":
-            raise ValueError(f"{name} is empty")
-        return v
-    return {
-        "num_requests": int(need(n, "requests")),
-        "prompt_tokens": [int(need(pmin, "prompt tokens min")), int(need(pmax, "prompt tokens max"))],
-        "max_new_tokens": [int(need(omin, "output tokens min")), int(need(omax, "output tokens max"))],
-        "arrival": arrival or "burst",
-        "rate": float(rate) if rate not in (None, "") else 8.0,
-        "burstiness": float(burstiness) if burstiness not in (None, "") else 1.0,
-        "ignore_eos": bool(ignore_eos),
-        "seed": int(seed) if seed not in (None, "") else 0,
-    }
+def _burst_spec(n, pmin, pmax, omin, omax, arrival, rate, burstiness, ignore_eos, seed) -> BurstSpec:
+    """The panel's fields as the body of POST /api/burst: the same model checks them. The optional knobs (rate,
+    burstiness, seed) left empty take the API's defaults."""
+    knobs = {k: v for k, v in (("rate", rate), ("burstiness", burstiness), ("seed", seed)) if v not in (None, "")}
+    return BurstSpec(num_requests=n, prompt_tokens=(pmin, pmax), max_new_tokens=(omin, omax),
+                     arrival=arrival or "burst", ignore_eos=bool(ignore_eos), **knobs)

@@ -1,13 +1,15 @@
 """The HTML pieces of the batchscope page that Python renders: the sticky header, the chart container
 (assets/js draws into it), progress bars, burst and A/B result tables, and the replay summary.
 
-Pure functions of the app state or of a result dict, so they are easy to check without a browser; app/ui.py
-places them in Gradio blocks.
+Pure functions of the app state or of a typed result (app/schemas.py), so they are easy to check without a
+browser; app/ui.py places them in Gradio blocks.
 """
 from __future__ import annotations
 
 import html
 from typing import Any
+
+from .schemas import ABStatus, BurstResults
 
 WHY_GPU = ("Why the two busy numbers differ: NVML utilization is the share of each ~1/6–1 s sampling window in which "
            "any kernel ran, so sub-millisecond gaps between steps still read as busy. Event busy % adds up the "
@@ -18,14 +20,6 @@ WHY_CPU = ("No NVML on this device: the utilization chart shows host CPU % (psut
 
 # ----------------------------------------------------------------------------------------------- small helpers
 
-def first_present(d: dict, *keys: str, default: Any = None) -> Any:
-    """The first of `keys` that `d` holds (not None): results and status name some fields in more than one way."""
-    for k in keys:
-        if isinstance(d, dict) and d.get(k) is not None:
-            return d[k]
-    return default
-
-
 def _num(v: Any, digits: int = 1) -> str:
     if v is None:
         return "–"
@@ -35,27 +29,15 @@ def _num(v: Any, digits: int = 1) -> str:
         return html.escape(str(v))
 
 
-def _safe_status(state) -> dict:
+def _status_bits(state) -> dict:
     try:
-        return state.status() or {}
-    except Exception as e:  # the page must render even when the status call fails
-        return {"error": str(e)}
-
-
-def _status_bits(st: dict) -> dict:
-    model = first_present(st, "model", "model_name", default="?")
-    if isinstance(model, dict):
-        model = model.get("name") or model.get("id") or "?"
-    gpu = first_present(st, "gpu_name", "gpu", default=None)
-    if isinstance(gpu, dict):
-        gpu = gpu.get("name")
-    nvml = first_present(st, "nvml_available", "nvml", default=None)
-    if isinstance(nvml, dict):
-        nvml = nvml.get("available")
-    device = str(first_present(st, "device", default="?"))
-    return {"model": str(model), "device": device, "gpu": str(gpu) if gpu else "none",
-            "nvml": bool(nvml), "nvml_reason": first_present(st, "nvml_reason", default=""),
-            "busy_note": first_present(st, "busy_note", default=""), "mode": first_present(st, "mode", default="?")}
+        st = state.status()
+    except Exception:  # the page must render even when the status call fails
+        return {"model": "?", "device": "?", "gpu": "none", "nvml": False, "nvml_reason": "", "busy_note": "",
+                "mode": "?"}
+    return {"model": st.model or "?", "device": st.device or "?", "gpu": st.gpu_name or "none",
+            "nvml": st.nvml_available, "nvml_reason": st.nvml_reason or "", "busy_note": st.busy_note,
+            "mode": st.mode or "?"}
 
 
 # ----------------------------------------------------------------------------------------------- HTML blocks
@@ -63,7 +45,7 @@ def _status_bits(st: dict) -> dict:
 def header_html(state) -> str:
     """The sticky header: mode (always visible) with its toggle, live counters, and the status line."""
     live = state.engine is not None
-    b = _status_bits(_safe_status(state))
+    b = _status_bits(state)
     e = html.escape
     mode = b["mode"] if b["mode"] in ("sync", "async") else ""
     if live:
@@ -77,9 +59,9 @@ def header_html(state) -> str:
     else:
         mode_box = '<span id="bs-mode" class="bs-mode" data-mode="replay">replay</span>'
     stats = ("".join(f'<span class="bs-stat">{label} <b id="{i}">–</b></span>' for label, i in (
-        ("running", "bs-st-running"), ("waiting", "bs-st-waiting"), ("KV", "bs-st-kv"),
+        ("running", "bs-st-running"), ("queue", "bs-st-queue"), ("KV", "bs-st-kv"),
         ("busy (events)" if b["nvml"] else "busy (host)", "bs-st-busy"), ("NVML" if b["nvml"] else "CPU", "bs-st-nvml"),
-        ("tok/s", "bs-st-tps")))
+        ("tok/s", "bs-st-tps"), ("TTFT p50", "bs-st-ttft")))
         if live else '<span class="bs-stat">replay of a recorded timeline: no model loaded, live controls off</span>')
     on_gpu = b["nvml"] or b["device"].startswith("cuda")      # a replay of a GPU run has no live NVML either
     why = (b["busy_note"] or WHY_GPU) if on_gpu else WHY_CPU
@@ -102,13 +84,10 @@ def header_html(state) -> str:
 def scope_html(state) -> str:
     """The container assets/js draws into; data-live tells it whether there is an engine to follow."""
     live = state.engine is not None
-    name = ""
-    replay = getattr(state, "replay", None)
-    if isinstance(replay, dict):
-        meta = replay.get("meta") or {}
-        name = str(meta.get("name") or meta.get("source") or meta.get("file") or "")
+    recording = ((getattr(state, "replay", None) or {}).get("meta") or {}).get("recording") or {}
     return (f'<div id="bs-scope" class="bs-scope" data-live="{1 if live else 0}" '
-            f'data-replay-name="{html.escape(name)}"><div class="bs-loading">loading charts…</div></div>')
+            f'data-replay-name="{html.escape(str(recording.get("name") or ""))}">'
+            f'<div class="bs-loading">loading charts…</div></div>')
 
 
 def progress_html(done: int | None, total: int | None, label: str, error: str | None = None) -> str:
@@ -123,34 +102,32 @@ def progress_html(done: int | None, total: int | None, label: str, error: str | 
 METRICS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms"))
 
 
-def results_html(res: dict | None, table_id: str = "bs-burst-results") -> str:
+def results_html(res: BurstResults | None, table_id: str = "bs-burst-results") -> str:
     """Latency percentiles and throughput of one burst."""
-    if not res:
+    if res is None:
         return ""
     rows = []
     for label, key in METRICS:
-        p = res.get(key) or {}
+        p = getattr(res, key)
         rows.append(f"<tr><th>{label} <small>ms</small></th>"
-                    + "".join(f"<td>{_num(p.get(q))}</td>" for q in ("p50", "p90", "p99")) + "</tr>")
+                    + "".join(f"<td>{_num(v)}</td>" for v in (p.p50, p.p90, p.p99)) + "</tr>")
     util_label, util = _util(res)
-    extra = [("output tokens/s", res.get("output_tokens_per_s"), 1), ("requests/s", res.get("requests_per_s"), 2),
-             (_busy_label(res), res.get("busy_pct"), 1), (util_label, util, 1),
-             ("requests completed", first_present(res, "completed", "num_requests"), 0),
-             ("requests failed", res.get("failed") or None, 0),
-             ("wall time s", first_present(res, "duration_s", "wall_s"), 2)]
+    extra = [("output tokens/s", res.output_tokens_per_s, 1), ("requests/s", res.requests_per_s, 2),
+             (_busy_label(res), res.busy_pct, 1), (util_label, util, 1), ("requests completed", res.completed, 0),
+             ("requests failed", res.failed or None, 0), ("wall time s", res.duration_s, 2)]
     tail = "".join(f'<tr><th>{label}</th><td colspan="3">{_num(v, d)}</td></tr>' for label, v, d in extra if v is not None)
     return (f'<table id="{table_id}" class="bs-table"><thead><tr><th></th><th>p50</th><th>p90</th><th>p99</th></tr>'
             f'</thead><tbody>{"".join(rows)}{tail}</tbody></table>')
 
 
-def _busy_label(res: dict) -> str:
-    basis = (res.get("telemetry") or {}).get("busy_basis")
+def _busy_label(res: BurstResults | None) -> str:
+    basis = ((res.telemetry if res else None) or {}).get("busy_basis")
     return "compute busy % (host spans)" if basis == "host" else "GPU busy % (events)"
 
 
-def _util(res: dict) -> tuple[str, Any]:
+def _util(res: BurstResults | None) -> tuple[str, Any]:
     """NVML utilization over the burst's window, or host CPU % where there is no NVML."""
-    tel = res.get("telemetry") or {}
+    tel = (res.telemetry if res else None) or {}
     if tel.get("gpu_util_mean") is not None:
         return "NVML util % (mean)", tel["gpu_util_mean"]
     return "host CPU % (mean)", tel.get("cpu_pct_mean")
@@ -163,32 +140,29 @@ def _ratio(a: Any, b: Any) -> str:
         return "–"
 
 
-def ab_html(ab: dict) -> str:
+def ab_html(ab: ABStatus) -> str:
     """Sync and async results of the same burst side by side."""
-    s, a = ab.get("sync") or {}, ab.get("async") or {}
-    rows = []
-    for label, key in METRICS:
-        for q in ("p50", "p99"):
-            vs, va = (s.get(key) or {}).get(q), (a.get(key) or {}).get(q)
-            rows.append((f"{label} {q} <small>ms</small>", vs, va, 1))
-    rows += [("output tokens/s", s.get("output_tokens_per_s"), a.get("output_tokens_per_s"), 1),
-             ("requests/s", s.get("requests_per_s"), a.get("requests_per_s"), 2),
-             (_busy_label(s or a), s.get("busy_pct"), a.get("busy_pct"), 1)]
+    s, a = ab.sync, ab.async_
+
+    def both(read) -> tuple:
+        return (read(s) if s else None), (read(a) if a else None)
+
+    rows = [(f"{label} {q} <small>ms</small>", *both(lambda r: getattr(getattr(r, key), q)), 1)
+            for label, key in METRICS for q in ("p50", "p99")]
+    rows += [("output tokens/s", *both(lambda r: r.output_tokens_per_s), 1),
+             ("requests/s", *both(lambda r: r.requests_per_s), 2),
+             (_busy_label(s or a), *both(lambda r: r.busy_pct), 1)]
     (util_label, nv_s), (_, nv_a) = _util(s), _util(a)
     if nv_s is not None or nv_a is not None:
         rows.append((util_label, nv_s, nv_a, 1))
-    dur_s, dur_a = first_present(s, "duration_s", "wall_s"), first_present(a, "duration_s", "wall_s")
-    if dur_s is not None or dur_a is not None:
-        rows.append(("wall time s", dur_s, dur_a, 2))
+    rows.append(("wall time s", *both(lambda r: r.duration_s), 2))
     body = "".join(f"<tr><th>{label}</th><td>{_num(vs, d)}</td><td>{_num(va, d)}</td><td>{_ratio(vs, va)}</td></tr>"
                    for label, vs, va, d in rows)
-    speedup = ab.get("speedup")
-    if isinstance(speedup, dict):
-        speedup = first_present(speedup, "output_tokens_per_s", "throughput", "e2e", default=None)
-    head = (f'<div class="bs-speedup">async speedup <b id="bs-ab-speedup">{_num(speedup, 2)}×</b>'
-            f'<span>{_busy_label(s or a)}: sync {_num(s.get("busy_pct"))}% → async {_num(a.get("busy_pct"))}%</span>'
+    busy_s, busy_a = both(lambda r: r.busy_pct)
+    head = (f'<div class="bs-speedup">async speedup <b id="bs-ab-speedup">{_num(ab.speedup, 2)}×</b>'
+            f'<span>{_busy_label(s or a)}: sync {_num(busy_s)}% → async {_num(busy_a)}%</span>'
             f'<span>(output tokens/s, same burst and seed)</span></div>'
-            if speedup is not None else "")
+            if ab.speedup is not None else "")
     return (f'{head}<table id="bs-ab-results" class="bs-table bs-ab"><thead><tr><th></th>'
             f'<th class="sync">sync</th><th class="async">async</th><th>ratio</th></tr></thead>'
             f"<tbody>{body}</tbody></table>")

@@ -58,7 +58,6 @@ class Subscription:
         self._ready = asyncio.Event()
         self._waiting = False
         self.closed = False
-        self.delivered_frames = 0
         self.dropped_frames = 0
         self._unreported = 0
 
@@ -95,7 +94,6 @@ class Subscription:
             frame = self._frames.popleft()
             self._bytes -= frame.nbytes
             lost, self._unreported = self._unreported, 0
-        self.delivered_frames += 1
         out = list(frame.texts if text else frame.messages)
         if lost:
             notice = _dropped_notice(lost, self.dropped_frames)
@@ -167,7 +165,6 @@ class Hub:
         self._subs: list[Subscription] = []
         self._subs_lock = threading.Lock()
         self._flushes = 0
-        self.frames_sent = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._flush_lock = threading.Lock()
@@ -219,7 +216,7 @@ class Hub:
             subs = list(self._subs)
         return {"subscribers": len(subs), "max_subscribers": self.max_subscribers,
                 "refused_subscribers": self.refused_subscribers, "pending": len(self._pending),
-                "pending_overflow": self.pending_overflow, "frames_sent": self.frames_sent,
+                "pending_overflow": self.pending_overflow,
                 "queued_frames": sum(s.queued() for s in subs), "queued_bytes": sum(s.queued_bytes() for s in subs),
                 "max_queue_bytes": self.max_queue_bytes,
                 "dropped_frames": self.dropped_frames_closed + sum(s.dropped_frames for s in subs)}
@@ -252,7 +249,6 @@ class Hub:
             frame = Frame(messages)
             for sub in subs:
                 sub._offer(frame)
-            self.frames_sent += 1
             return frame
 
     @staticmethod

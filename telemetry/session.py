@@ -21,6 +21,33 @@ from .records import SCHEMA_ID, span_end, span_start
 from .summary import compare, summarize, union_length
 
 
+@dataclasses.dataclass
+class LiveStats:
+    """The body of the websocket's "stats" messages (docs/timeline.md): the engine's counters under the names
+    /api/status uses too, and the last second's rates."""
+    t_us: float
+    mode: str | None
+    queue: int | None                   # requests waiting for admission (the engine calls them `waiting`)
+    running: int | None
+    steps: int | None
+    kv_blocks_used: int | None
+    kv_blocks_total: int | None
+    kv_usage: float | None              # kv_blocks_used / kv_blocks_total, 0-1
+    steps_per_s: int
+    tokens_per_s: int
+    busy_pct_1s: float                  # event-based busy share over the last second
+    subscribers: int
+    error: str | None = None            # the engine could not be asked for its counters
+
+
+def engine_counters(stats: dict) -> dict:
+    """`Engine.stats()` under the names the server and the page use for them."""
+    used, total = stats.get("kv_blocks_used"), stats.get("kv_blocks_total")
+    return {"queue": stats.get("waiting"), "running": stats.get("running"), "steps": stats.get("steps"),
+            "kv_blocks_used": used, "kv_blocks_total": total,
+            "kv_usage": used / total if used is not None and total else None}
+
+
 class Telemetry:
     def __init__(self, engine, nvml_hz: float = 20.0, ring_steps: int = 20000, bandwidth_gbps: float | None = None,
                  *, hub_hz: float = 20.0, hub_max_pending: int = 20_000, ring_requests: int = 4096,
@@ -114,23 +141,28 @@ class Telemetry:
         nvml = [s for s in list(self.recorder.nvml) if s["t_us"] >= since]
         done = [r for r in list(self.recorder.requests) if (r["finish_us"] or now) >= since]
         requests = [request_view(r) for r in done[-500:] + self.recorder.active_requests()[-500:]]
-        return {"type": "hello", "schema": SCHEMA_ID, "model": self.info.get("model"), "info": self.info,
-                "config": self._config(), "mode": self._mode(), "status": self.status(), "t_us": now,
+        status = self.status()
+        # model, device, gpu_name and nvml_available: the names /api/status gives the page's status line
+        return {"type": "hello", "schema": SCHEMA_ID, "model": self.info.get("model"), "device": self.device,
+                "gpu_name": status["gpu_name"], "nvml_available": bool(status["nvml"]), "info": self.info,
+                "config": self._config(), "mode": self._mode(), "status": status, "t_us": now,
                 "recent": {"steps": steps, "nvml": nvml, "mode_changes": list(self.recorder.mode_changes),
                            "requests": requests}}
 
     def _live_stats(self) -> dict:
         """The body of "stats" messages (on the hub's thread): engine counters plus the last second's rates."""
         now = self.now_us()
+        error = None
         try:
-            engine = dict(self.engine.stats())
+            stats = self.engine.stats()
         except Exception as exc:
-            engine = {"error": str(exc)}
+            stats, error = {}, str(exc)
         recent = [r for r in list(self.recorder.steps)[-2000:] if (r.get("compute_us") or [-1])[0] >= now - 1e6]
         busy = union_length([r["compute_us"] for r in recent], now - 1e6, now)
-        return {"t_us": now, **engine, "mode": engine.get("mode", self._mode()),
-                "steps_per_s": len(recent), "tokens_per_s": sum(r.get("tokens_out", 0) for r in recent),
-                "busy_pct_1s": round(busy / 1e4, 2), "subscribers": self.hub.subscribers}
+        return dataclasses.asdict(LiveStats(
+            t_us=now, mode=stats.get("mode", self._mode()), **engine_counters(stats), steps_per_s=len(recent),
+            tokens_per_s=sum(r.get("tokens_out", 0) for r in recent), busy_pct_1s=round(busy / 1e4, 2),
+            subscribers=self.hub.subscribers, error=error))
 
     # ---- recordings, summaries, export -----------------------------------------------------------------------
     def start_recording(self, name: str) -> dict:

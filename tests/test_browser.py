@@ -23,7 +23,7 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from batchscope.app.loadgen import Limits  # noqa: E402
+from batchscope.app.schemas import Limits  # noqa: E402
 from batchscope.app.server import ServerThread, create_app  # noqa: E402
 from batchscope.app.state import AppState  # noqa: E402
 from batchscope.engine.config import EngineConfig  # noqa: E402
@@ -157,6 +157,10 @@ def test_live_page_story(server, browser, tmp_path):
     for metric in ("TTFT", "TPOT", "ITL", "E2E", "output tokens/s", "requests/s"):
         assert metric in table, table
     assert "12/12" in page.text_content("#bs-burst-progress")
+    # the header follows the engine's counters and, from the "requests" messages, the recent time to first token
+    page.wait_for_function("document.getElementById('bs-st-ttft').textContent.endsWith(' ms')", timeout=T)
+    assert page.text_content("#bs-st-kv").rstrip("%").replace(".", "").isdigit()
+    assert page.text_content("#bs-st-queue").isdigit() and page.text_content("#bs-st-running").isdigit()
     page.wait_for_function(f"+document.getElementById('bs-scope').dataset.steps >= {before + 20}", timeout=T)
     assert int(page.get_attribute("#bs-gantt", "data-spans")) > 20
     # the Gantt has host lanes and the (host-measured) compute lane filled; the charts carry non-zero data

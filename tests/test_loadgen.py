@@ -1,4 +1,5 @@
-"""Load generation without a model: arrival processes, lengths, metrics, and bursts against a scripted engine."""
+"""Load generation without a model: burst specs, arrival processes, lengths, metrics, and bursts against a
+scripted engine."""
 import asyncio
 import random
 import statistics
@@ -7,8 +8,12 @@ import time
 
 import pytest
 
-from batchscope.app.loadgen import (BurstManager, BurstSpec, Limits, BusyError, RequestTiming, arrival_offsets,
-                         burst_metrics, percentiles, plan_burst)
+from pydantic import ValidationError
+
+from batchscope.app.bursts import BurstManager
+from batchscope.app.errors import BusyError, validation_reason
+from batchscope.app.loadgen import RequestTiming, arrival_offsets, burst_metrics, plan_burst
+from batchscope.app.schemas import BurstSpec, Limits
 from batchscope.engine.request import TokenDelta
 
 LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=64, max_burst_requests=50, max_concurrent_bursts=2)
@@ -75,7 +80,7 @@ def wait_state(get, timeout=20.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         d = get()
-        if d["state"] != "running":
+        if d.state != "running":
             return d
         time.sleep(0.01)
     raise AssertionError(f"still running: {d}")
@@ -107,21 +112,27 @@ def test_gamma_burstiness_changes_spread_not_mean():
     assert cv(bursty) > 1.5 and cv(regular) < 0.5
 
 
+def settled(**fields) -> BurstSpec:
+    """A spec as the server runs it: checked by the model, then against the limits."""
+    return BurstSpec(**fields).within(LIMITS)
+
+
 def test_same_seed_same_burst_and_lengths_in_range():
-    spec = BurstSpec.from_dict({"num_requests": 20, "prompt_tokens": [5, 9], "max_new_tokens": [3, 6],
-                                "arrival": "poisson", "rate": 50, "seed": 11}, LIMITS)
+    spec = settled(num_requests=20, prompt_tokens=[5, 9], max_new_tokens=[3, 6], arrival="poisson", rate=50, seed=11)
     a, b = plan_burst(spec, 49152), plan_burst(spec, 49152)
     assert [(p.offset_s, p.prompt, p.max_new_tokens, p.seed) for p in a] == \
            [(p.offset_s, p.prompt, p.max_new_tokens, p.seed) for p in b]
     assert all(5 <= len(p.prompt) <= 9 and 3 <= p.max_new_tokens <= 6 for p in a)
     assert all(1000 <= t < 49152 for p in a for t in p.prompt)
-    other = plan_burst(BurstSpec.from_dict({**vars(spec), "seed": 12}, LIMITS), 49152)
+    other = plan_burst(spec.model_copy(update={"seed": 12}), 49152)
     assert [p.prompt for p in other] != [p.prompt for p in a]
 
 
-def test_spec_without_seed_gets_one_reported():
-    spec = BurstSpec.from_dict({"num_requests": 2}, LIMITS)
+def test_spec_without_seed_or_lengths_gets_them_within_the_limits():
+    spec = settled(num_requests=2)
     assert isinstance(spec.seed, int)
+    assert spec.prompt_tokens == (32, 128) and spec.max_new_tokens == (32, 64)     # the default, cut to the limit
+    assert settled(prompt_tokens=7).prompt_tokens == (7, 7)                       # one number: a fixed length
 
 
 @pytest.mark.parametrize("body, reason", [
@@ -129,34 +140,31 @@ def test_spec_without_seed_gets_one_reported():
     ({"num_requests": 2.5}, "num_requests"),
     ({"prompt_tokens": [10, 5]}, "greater than max"),
     ({"prompt_tokens": [1]}, "[min, max]"),
-    ({"max_new_tokens": [0, 4]}, "max_new_tokens min"),
-    ({"arrival": "uniform"}, "arrival"),
+    ({"max_new_tokens": [0, 4]}, "max_new_tokens: min must be at least 1"),
+    ({"arrival": "uniform"}, "arrival must be"),
     ({"arrival": "poisson", "rate": 0}, "rate"),
     ({"burstiness": float("nan")}, "burstiness"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
     ({"seed": -1}, "seed"),
     ({"temperature": 5}, "temperature"),
-    ({"bogus": 1}, "unknown"),
+    ({"bogus": 1}, "bogus"),
 ])
 def test_bad_specs_say_why(body, reason):
-    with pytest.raises(ValueError) as e:
-        BurstSpec.from_dict(body, LIMITS)
-    assert reason in str(e.value)
+    with pytest.raises(ValidationError) as e:
+        BurstSpec(**body)
+    assert reason in validation_reason(e.value)
 
 
 @pytest.mark.parametrize("body", [{"num_requests": 51}, {"prompt_tokens": [1, 513]}, {"max_new_tokens": 65}])
 def test_over_limit_specs_are_bad_input_not_busy(body):
     with pytest.raises(ValueError, match="over the limit") as e:
-        BurstSpec.from_dict(body, LIMITS)
+        settled(**body)
     assert not isinstance(e.value, BusyError)
 
 
-def test_percentiles_interpolate_like_numpy():
-    xs = list(range(1, 101))
-    p = percentiles(xs)
-    assert p == {"p50": 50.5, "p90": pytest.approx(90.1), "p99": pytest.approx(99.01)}
-    assert percentiles([]) == {"p50": None, "p90": None, "p99": None}
-    assert percentiles([3.0]) == {"p50": 3.0, "p90": 3.0, "p99": 3.0}
+def test_lengths_past_the_models_context_are_refused():
+    with pytest.raises(ValueError, match="context of 100 tokens"):
+        BurstSpec(prompt_tokens=[10, 60], max_new_tokens=50).within(LIMITS, max_model_len=100)
 
 
 def test_metrics_from_known_timings():
@@ -180,46 +188,45 @@ def test_metrics_from_known_timings():
 def test_burst_runs_to_done_with_results():
     eng, tel = ScriptedEngine(), ScriptedTelemetry()
     mgr = BurstManager(eng, LIMITS, vocab_size=49152, telemetry=tel)
-    bid = mgr.start_burst({"num_requests": 8, "prompt_tokens": [4, 6], "max_new_tokens": [3, 5],
-                           "arrival": "poisson", "rate": 500, "seed": 3})
+    spec = BurstSpec(num_requests=8, prompt_tokens=[4, 6], max_new_tokens=[3, 5], arrival="poisson", rate=500,
+                     seed=3)
+    bid = mgr.start_burst(spec)
     d = wait_state(lambda: mgr.burst(bid))
-    assert d["state"] == "done" and d["done"] == d["total"] == 8
-    r = d["results"]
-    assert r["completed"] == 8 and r["busy_pct"] == 42.0 and len(tel.windows) == 1
-    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-        assert set(r[key]) >= {"p50", "p90", "p99"} and r[key]["p50"] > 0
-    assert r["output_tokens"] == sum(p.max_new_tokens for p in plan_burst(BurstSpec.from_dict(
-        {"num_requests": 8, "prompt_tokens": [4, 6], "max_new_tokens": [3, 5], "arrival": "poisson",
-         "rate": 500, "seed": 3}, LIMITS), 49152))
-    assert r["output_tokens_per_s"] > 0 and r["requests_per_s"] > 0
+    assert d.state == "done" and d.done == d.total == 8
+    r = d.results
+    assert r.completed == 8 and r.busy_pct == 42.0 and len(tel.windows) == 1
+    for stats in (r.ttft_ms, r.tpot_ms, r.itl_ms, r.e2e_ms):
+        assert stats.n > 0 and stats.p50 > 0 and stats.p50 <= stats.p90 <= stats.p99
+    assert r.output_tokens == sum(p.max_new_tokens for p in plan_burst(spec.within(LIMITS), 49152))
+    assert r.output_tokens_per_s > 0 and r.requests_per_s > 0
     assert all(p.ignore_eos and p.seed is not None for _, _, p in eng.submitted)
     mgr.close()
 
 
 def test_failed_requests_are_counted_and_all_failed_is_an_error():
     mgr = BurstManager(ScriptedEngine(fail_every=2), LIMITS, vocab_size=100)
-    bid = mgr.start_burst({"num_requests": 6, "seed": 1, "max_new_tokens": 2})
+    bid = mgr.start_burst(BurstSpec(num_requests=6, seed=1, max_new_tokens=2))
     d = wait_state(lambda: mgr.burst(bid))
-    assert d["state"] == "done" and d["results"]["failed"] == 3 and d["results"]["completed"] == 3
-    assert d["results"]["errors"] == ["scripted failure"]
+    assert d.state == "done" and d.results.failed == 3 and d.results.completed == 3
+    assert d.results.errors == ["scripted failure"]
     mgr.engine.fail_every = 1
-    bid = mgr.start_burst({"num_requests": 3, "seed": 1, "max_new_tokens": 2})
+    bid = mgr.start_burst(BurstSpec(num_requests=3, seed=1, max_new_tokens=2))
     d = wait_state(lambda: mgr.burst(bid))
-    assert d["state"] == "error" and "scripted failure" in d["error"]
+    assert d.state == "error" and "scripted failure" in d.error
     mgr.close()
 
 
 def test_concurrent_burst_cap_and_unknown_ids():
     gate = threading.Event()
     mgr = BurstManager(ScriptedEngine(gate=gate), LIMITS, vocab_size=100)
-    ids = [mgr.start_burst({"num_requests": 1, "max_new_tokens": 1}) for _ in range(2)]
+    ids = [mgr.start_burst(BurstSpec(num_requests=1, max_new_tokens=1)) for _ in range(2)]
     with pytest.raises(BusyError, match="already running"):
-        mgr.start_burst({"num_requests": 1})
+        mgr.start_burst(BurstSpec(num_requests=1))
     with pytest.raises(BusyError, match="engine to itself"):
-        mgr.start_ab({"num_requests": 1})
+        mgr.start_ab(BurstSpec(num_requests=1))
     gate.set()
     for i in ids:
-        assert wait_state(lambda i=i: mgr.burst(i))["state"] == "done"
+        assert wait_state(lambda i=i: mgr.burst(i)).state == "done"
     with pytest.raises(KeyError):
         mgr.burst("b-nope")
     with pytest.raises(KeyError):
@@ -230,9 +237,9 @@ def test_concurrent_burst_cap_and_unknown_ids():
 def test_ab_runs_same_burst_sync_then_async_and_restores_mode():
     eng, tel = ScriptedEngine(), ScriptedTelemetry()
     mgr = BurstManager(eng, LIMITS, vocab_size=49152, telemetry=tel)
-    ab = mgr.start_ab({"num_requests": 5, "prompt_tokens": [3, 8], "max_new_tokens": [2, 4], "seed": 9})
+    ab = mgr.start_ab(BurstSpec(num_requests=5, prompt_tokens=[3, 8], max_new_tokens=[2, 4], seed=9))
     d = wait_state(lambda: mgr.ab(ab))
-    assert d["state"] == "done", d
+    assert d.state == "done", d
     # a short warm-up in each mode, then sync, then async, then the mode it found
     assert eng.modes == ["sync", "async", "sync", "async", "async"] and eng.mode == "async"
     warm, measured = eng.submitted[:4], eng.submitted[4:]
@@ -240,28 +247,28 @@ def test_ab_runs_same_burst_sync_then_async_and_restores_mode():
     sync = [(p, s.max_new_tokens, s.seed) for m, p, s in measured if m == "sync"]
     asyn = [(p, s.max_new_tokens, s.seed) for m, p, s in measured if m == "async"]
     assert len(sync) == 5 and sorted(sync) == sorted(asyn)
-    assert d["sync"]["completed"] == d["async"]["completed"] == 5
-    assert d["sync"]["busy_pct"] == 42.0
-    ratio = d["async"]["output_tokens_per_s"] / d["sync"]["output_tokens_per_s"]
-    assert d["speedup"] == pytest.approx(ratio)
-    assert mgr.burst(d["sync_burst"])["state"] == "done"
+    assert d.sync.completed == d.async_.completed == 5
+    assert d.sync.busy_pct == 42.0
+    assert d.speedup == pytest.approx(d.async_.output_tokens_per_s / d.sync.output_tokens_per_s)
+    assert mgr.burst(d.sync_burst).state == "done"
+    assert d.model_dump()["async"] == d.async_.model_dump()        # `async` on the wire
     # while an A/B runs nothing else may start
     eng.gate = threading.Event()
-    ab2 = mgr.start_ab({"num_requests": 1, "max_new_tokens": 1})
+    ab2 = mgr.start_ab(BurstSpec(num_requests=1, max_new_tokens=1))
     with pytest.raises(BusyError, match="A/B"):
-        mgr.start_burst({"num_requests": 1})
+        mgr.start_burst(BurstSpec(num_requests=1))
     eng.gate.set()
-    assert wait_state(lambda: mgr.ab(ab2))["state"] == "done"
+    assert wait_state(lambda: mgr.ab(ab2)).state == "done"
     mgr.close()
 
 
 def test_close_cancels_running_bursts():
     eng = ScriptedEngine(step_s=0.01)
     mgr = BurstManager(eng, Limits(max_new_tokens=10_000), vocab_size=100)
-    bid = mgr.start_burst({"num_requests": 3, "max_new_tokens": 5000})
+    bid = mgr.start_burst(BurstSpec(num_requests=3, max_new_tokens=5000))
     time.sleep(0.05)
     mgr.close(timeout=10)
     d = mgr.burst(bid)
-    assert d["state"] == "error" and d["error"] == "cancelled"
+    assert d.state == "error" and d.error == "cancelled"
     with pytest.raises(BusyError, match="shutting down"):
-        mgr.start_burst({"num_requests": 1})
+        mgr.start_burst(BurstSpec(num_requests=1))

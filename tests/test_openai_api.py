@@ -5,7 +5,7 @@ import httpx
 import openai
 import pytest
 
-from batchscope.app.loadgen import Limits
+from batchscope.app.schemas import Limits
 from batchscope.app.server import ServerThread, create_app
 from batchscope.app.state import AppState
 from batchscope.engine.config import EngineConfig

@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 
 from batchscope.app.cli import main as cli_main
-from batchscope.app.loadgen import Limits
+from batchscope.app.schemas import Limits
 from batchscope.app.server import ServerThread, check_bind, create_app
 from batchscope.app.state import AppState
 from batchscope.engine.config import EngineConfig
@@ -90,6 +90,20 @@ def test_mode_switch_round_trip(client):
     assert r.status_code == 200 and r.json()["mode"] == "sync"
     assert client.get("/api/health").json()["mode"] == "sync"
     assert client.post("/api/mode", json={"mode": "async"}).json() == {"mode": "async", "previous": "sync"}
+
+
+def test_responses_are_typed_models_in_the_api_docs(client):
+    """Status, bursts, A/B runs and recordings are documented field by field, not as free-form objects."""
+    paths = client.get("/api/openapi.json").json()["paths"]
+
+    def model(path, method="get"):
+        return paths[path][method]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].split("/")[-1]
+    assert model("/api/status") == "Status" and model("/api/health") == "Health"
+    assert model("/api/mode", "post") == "ModeChanged"
+    assert model("/api/bursts/{burst_id}") == "BurstStatus" and model("/api/ab/{ab_id}") == "ABStatus"
+    assert model("/api/bursts") == "BurstList" and model("/api/recordings") == "Recordings"
+    assert model("/api/recording/start", "post") == "RecordingStarted"
+    assert model("/api/recording/stop", "post") == "RecordingStopped"
 
 
 # ------------------------------------------------------------------------------------------------- generate

@@ -15,9 +15,12 @@ import psutil
 import pytest
 import websockets
 
-from batchscope.app.loadgen import BurstManager, Limits
+from batchscope.app.bursts import BurstManager
+from batchscope.app.schemas import BurstSpec, Limits
 from batchscope.app.server import MAX_BODY_BYTES, MAX_REPLAY_BYTES, ServerThread, create_app
-from batchscope.app.state import (MAX_JSON_DEPTH, AppState, BusyError, ShuttingDownError, json_depth_over)
+from batchscope.app.errors import BusyError, ShuttingDownError
+from batchscope.app.replay import MAX_JSON_DEPTH, json_depth_over
+from batchscope.app.state import AppState
 from batchscope.engine import Engine, EngineConfig
 from batchscope.engine.request import TokenDelta
 from batchscope.telemetry import Telemetry, validate_timeline
@@ -370,7 +373,7 @@ def test_requests_in_flight_are_capped_even_before_the_engine_counts_them():
         state.submit([1], None)
     eng.handles[0].finished = True
     state.submit([1], None)
-    assert state.status()["inflight"] == 5
+    assert state.status().inflight == 5
     state.begin_shutdown()
     assert all(h.cancelled for h in eng.handles if not h.finished)
     with pytest.raises(ShuttingDownError):
@@ -417,7 +420,7 @@ def test_bursts_are_kept_up_to_a_cap_and_close_does_not_wait_out_arrivals():
     mgr = BurstManager(eng, Limits(), vocab_size=100, keep=2)
     # poisson arrivals 10 s apart on average (seed 1: at 0, 1.4 and 20 s), and requests that never stream: a
     # cancel must reach both the one in flight and those still waiting for their time
-    spec = {"num_requests": 3, "arrival": "poisson", "rate": 0.1, "seed": 1}
+    spec = BurstSpec(num_requests=3, arrival="poisson", rate=0.1, seed=1)
     ids = []
     for i in range(4):
         ids.append(mgr.start_burst(spec))
@@ -428,7 +431,7 @@ def test_bursts_are_kept_up_to_a_cap_and_close_does_not_wait_out_arrivals():
             time.sleep(0.01)
         assert not mgr.running(), "a cancelled burst kept waiting"
     listing = mgr.list()
-    assert [b["id"] for b in listing["bursts"]] == ids[-2:] and listing["dropped"]["bursts"] == 2
+    assert [b.id for b in listing.bursts] == ids[-2:] and listing.dropped["bursts"] == 2
     mgr.start_burst(spec)
     wait_for(lambda: eng.submitted > 4)
     t0 = time.monotonic()

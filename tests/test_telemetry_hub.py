@@ -43,8 +43,10 @@ def test_a_viewer_gets_steps_requests_mode_and_stats():
         assert (mode["from"], mode["to"]) == ("sync", "async") and mode["step"] == 2
         assert all(len(r["token_us"]) == r["output_tokens"] == 4 for r in finished)
         stats = by_type["stats"][-1]
-        assert {"t_us", "mode", "waiting", "running", "kv_blocks_used", "kv_blocks_total", "tokens_per_s",
+        # the engine's counters under the names /api/status uses for them too
+        assert {"t_us", "mode", "queue", "running", "kv_blocks_used", "kv_blocks_total", "kv_usage", "tokens_per_s",
                 "busy_pct_1s"} <= set(stats)
+        assert stats["kv_usage"] == stats["kv_blocks_used"] / stats["kv_blocks_total"]
         sub.close()
         tel.close()
 
@@ -136,6 +138,9 @@ def test_a_stalled_viewer_does_not_slow_the_engine():
     tel.hub.flush()
     assert with_stalled < 3 * alone + 0.5, (alone, with_stalled)
     assert tel.status()["steps_seen"] == steps + 50
+    for _ in range(8):                  # more frames than its queue holds, however fast the steps ran
+        produce(tel, 2)
+        tel.hub.flush()
     assert stalled.queued() <= 4 and stalled.dropped_frames > 0
     tel.close()
 

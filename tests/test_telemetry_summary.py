@@ -19,6 +19,9 @@ def test_percentiles_interpolate_between_ranks():
     p = percentiles([4, 1, 3, 2, None])
     assert p == {"n": 4, "mean": 2.5, "p50": 2.5, "p90": 3.7, "p99": 3.97}
     assert percentiles([])["p50"] is None
+    # numpy's default (linear) interpolation, whatever the number of values
+    assert percentiles(range(1, 101)) == {"n": 100, "mean": 50.5, "p50": 50.5, "p90": 90.1, "p99": 99.01}
+    assert percentiles([3.0]) == {"n": 1, "mean": 3.0, "p50": 3.0, "p90": 3.0, "p99": 3.0}
 
 
 def test_request_metrics_follow_the_stated_formulas():

@@ -78,6 +78,10 @@ def test_viewer_gets_hello_steps_requests_stats_and_the_mode_change(server):
             hello = json.loads(await ws.recv())
             assert hello["type"] == "hello" and hello["mode"] == "async" and hello["model"] == "tiny-random"
             assert hello["replay_only"] is False and "recent" in hello
+            # the status line's fields, named as /api/status names them
+            status = (await http.get("/api/status")).json()
+            for key in ("model", "device", "gpu_name", "nvml_available"):
+                assert hello[key] == status[key], key
             burst = asyncio.create_task(run_burst(http, SHORT_BURST))
             seen = set()
             async for msg in messages(ws):
@@ -85,6 +89,11 @@ def test_viewer_gets_hello_steps_requests_stats_and_the_mode_change(server):
                 if msg["type"] == "steps":
                     step = msg["steps"][0]
                     assert {"step", "mode", "num_requests", "cpu", "kv_blocks_used", "queue_depth"} <= set(step)
+                elif msg["type"] == "stats":       # the engine's counters: one name each, the same as /api/status
+                    assert {"queue", "running", "kv_blocks_used", "kv_blocks_total", "kv_usage"} <= set(msg)
+                    assert {"waiting", "kv_pct", "num_running"}.isdisjoint(msg)
+                elif msg["type"] == "requests":
+                    assert all(r["state"] in ("pending", "decoding", "finished") for r in msg["requests"])
                 if {"steps", "requests", "stats"} <= seen:
                     break
             assert (await http.post("/api/mode", json={"mode": "sync"})).status_code == 200

@@ -9,13 +9,9 @@ export function withToken(path) {
   return path + (path.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(TOKEN);
 }
 
+// Every refusal from /api carries {"error": reason} (app/errors.py); anything else is a transport failure.
 function errorText(body, res) {
   if (body && body.error) return String(body.error);
-  if (body && body.detail) {
-    // FastAPI validation errors come as a list of {loc, msg}
-    if (Array.isArray(body.detail)) return body.detail.map(d => (d.loc || []).slice(1).join(".") + ": " + d.msg).join("; ");
-    return String(body.detail);
-  }
   return res.status + " " + (res.statusText || "error");
 }
 

@@ -2,7 +2,7 @@
  * queue depth, and step interval vs idle gap. Every chart shares the x range and the sync/async tint. */
 import { state } from "./feed.js";
 import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, draw, modeRuns, modeShapes, titled } from "./plot.js";
-import { $, pick } from "./util.js";
+import { $ } from "./util.js";
 
 const CHART_HEIGHT = 210;
 const BINS = 100;
@@ -56,7 +56,7 @@ function utilization(samples, lo, hi) {
   for (const s of samples) {
     if (s.t_us < lo || s.t_us > hi) continue;
     const v = s.gpu_util !== undefined && s.gpu_util !== null ? (nvKey = nvKey || "gpu_util", s.gpu_util)
-      : pick(s, "cpu_pct", "cpu_util", "cpu_percent");
+      : s.cpu_pct;
     if (v === undefined || v === null) continue;
     if (!nvKey) nvKey = "cpu";
     nv.x.push(s.t_us / 1e6); nv.y.push(v);
@@ -82,8 +82,9 @@ function drawBatchKvQueue(steps, lo, hi, layout) {
     yaxis: { range: [0, 100], ticksuffix: "%", gridcolor: GRID, zeroline: false, tickfont: { size: 10 } } }));
 
   draw($("bs-c-queue"), [
-    line("waiting", perStep(steps, lo, hi, s => s.queue_depth), "#dc2626", { line: { color: "#dc2626", width: 1.6, shape: "hv" } }),
-    line("running", perStep(steps, lo, hi, s => pick(s, "running", "num_requests")), "#0f172a", { line: { color: "#0f172a", width: 1.2, shape: "hv" } }),
+    line("queue", perStep(steps, lo, hi, s => s.queue_depth), "#dc2626", { line: { color: "#dc2626", width: 1.6, shape: "hv" } }),
+    // `running` is optional in batchscope.timeline/1: older files have only the batch size
+    line("running", perStep(steps, lo, hi, s => s.running ?? s.num_requests), "#0f172a", { line: { color: "#0f172a", width: 1.2, shape: "hv" } }),
   ], layout("Queue depth"));
 }
 

@@ -3,7 +3,7 @@
 import { api, withToken } from "./api.js";
 import { currentData, currentRange, followLive, normalise, replayRange, state } from "./feed.js";
 import { setConn } from "./header.js";
-import { $, note, pick, setText } from "./util.js";
+import { $, note, setText } from "./util.js";
 
 // Controls that need an engine; a replay-only server disables them.
 const LIVE_ONLY = ["bs-rec", "bs-rec-name", "bs-rec-list", "bs-dl-json", "bs-dl-trace", "bs-pause"];
@@ -143,8 +143,7 @@ async function toggleRecording() {
       note("recording “" + name + "”", false);
     } else {
       const res = await api("/api/recording/stop", "POST", {});
-      const n = res && (pick(res, "steps", "num_steps") ?? pick(res.summary || {}, "steps"));
-      note("saved “" + state.recording + "”" + (n !== undefined ? " (" + n + " steps)" : ""), false);
+      note("saved “" + res.recording + "” (" + res.stored.steps + " steps)", false);
       state.recording = null;
       showRecording(null);
       refreshRecordings();
@@ -154,29 +153,24 @@ async function toggleRecording() {
   }
 }
 
+// GET /api/recordings: {recordings: [names], active: name or null, details: [{name, steps, ...}], limits}.
 export async function refreshRecordings() {
   if (!state.live) return;
   try {
     const res = await api("/api/recordings", "GET", undefined, 5000);
-    const list = Array.isArray(res) ? res : (res && (res.recordings || res.names)) || [];
     const sel = $("bs-rec-list");
     if (!sel) return;
-    const active = res && !Array.isArray(res) ? pick(res, "active", "current") : undefined;
-    sel.innerHTML = `<option value="">recordings (${list.length})…</option>`;
-    for (const it of list) {
-      const name = typeof it === "string" ? it : it.name;
-      if (!name) continue;
+    sel.innerHTML = `<option value="">recordings (${res.details.length})…</option>`;
+    for (const rec of res.details) {
       const o = document.createElement("option");
-      o.value = name;
-      const steps = typeof it === "object" ? pick(it, "steps", "num_steps") : undefined;
-      o.textContent = "⤓ " + name + (steps !== undefined ? " · " + steps + " steps" : "");
+      o.value = rec.name;
+      o.textContent = "⤓ " + rec.name + " · " + rec.steps + " steps";
       sel.appendChild(o);
     }
     // a recording started elsewhere (API, another tab) shows as running here too
-    const activeName = typeof active === "string" ? active : active && active.name;
-    if (activeName && !state.recording) {
-      state.recording = activeName;
-      showRecording(activeName);
+    if (res.active && !state.recording) {
+      state.recording = res.active;
+      showRecording(res.active);
     }
   } catch (e) { /* list is optional */ }
 }
@@ -205,11 +199,10 @@ async function loadReplayFile(file) {
   showReplay(shown, file.name);
 }
 
+// meta.model, meta.device and meta.gpu: batchscope.timeline/1 (docs/timeline.md)
 function replayTitle(tl, name) {
-  const m = tl.meta || {};
-  const model = typeof m.model === "string" ? m.model : (m.model && m.model.name) || pick(m.engine || m.config || {}, "model") || "?";
-  return `Replay: ${name} · ${model} on ${pick(m, "device") || "?"}` +
-    (m.gpu ? " (" + (typeof m.gpu === "string" ? m.gpu : m.gpu.name || "") + ")" : "") +
+  const m = tl.meta;
+  return `Replay: ${name} · ${m.model || "?"} on ${m.device || "?"}` + (m.gpu ? " (" + m.gpu + ")" : "") +
     ` · ${tl.steps.length} steps · ${tl.requests.length} requests · ${tl.mode_changes.length} mode switches`;
 }
 
@@ -219,7 +212,7 @@ export function showReplay(obj, name) {
   const view = state.view;
   view.source = "replay";
   view.replay = tl;
-  view.replayName = name || (tl.meta && tl.meta.name) || "timeline";
+  view.replayName = name || "timeline";
   view.follow = false;
   view.span = Infinity;
   view.range = replayRange();

@@ -7,14 +7,17 @@
  * Times are microseconds since the recording start.
  */
 import { socket } from "./api.js";
-import { fmt, pick, setText } from "./util.js";
+import { fmt, setText } from "./util.js";
 
 const KEEP_US = 180e6;                      // live history kept in the browser (the server keeps the recording)
 const KEEP_STEPS = 60000;
 const LIVE_SPAN_US = 10e6;                  // the window width a live view starts with
+const KEEP_REQUESTS = 2000;                 // the newest request records, live
+const LATENCY_WINDOW_US = 10e6;             // the header's TTFT covers first tokens this recent
 
 function emptyStore() {
-  return { steps: [], nvml: [], mode_changes: [], meta: {}, lastStep: -1, lastT: 0, lastTAt: 0 };
+  // requests: id -> the request's latest record, oldest first (a Map keeps insertion order)
+  return { steps: [], nvml: [], requests: new Map(), mode_changes: [], meta: {}, lastStep: -1, lastT: 0, lastTAt: 0 };
 }
 
 export const state = {
@@ -68,7 +71,7 @@ function prep(r) {
   r._cs = ev || cu;
   r._hostCompute = !ev && !!cu && r.compute_basis === "host";
   r._c = r._cs ? r._cs[0] : r._s;
-  r._tok = pick(r, "tokens_out", "sampled") ?? (r.decode_tokens || 0);
+  r._tok = r.tokens_out ?? (r.decode_tokens || 0);     // tokens_out is optional in batchscope.timeline/1
   return r;
 }
 
@@ -115,10 +118,38 @@ function addNvml(list) {
     last = s;
   }
   if (last) {
-    const v = last.gpu_util !== null && last.gpu_util !== undefined ? last.gpu_util : pick(last, "cpu_pct");
+    const v = last.gpu_util !== null && last.gpu_util !== undefined ? last.gpu_util : last.cpu_pct;
     setText("bs-st-nvml", fmt(v) + "%");
   }
   trim();
+}
+
+// "requests" messages carry a request each time its state changes (pending, decoding, finished): keep the
+// latest of each, the newest KEEP_REQUESTS of them.
+function addRequests(list) {
+  const byId = state.store.requests;
+  for (const r of list || []) {
+    if (!r || typeof r.id !== "string") continue;
+    byId.delete(r.id);                      // re-inserted: the Map stays ordered by the latest update
+    byId.set(r.id, r);
+  }
+  for (const id of byId.keys()) {
+    if (byId.size <= KEEP_REQUESTS) break;
+    byId.delete(id);
+  }
+}
+
+// The median time to first token of the requests whose first token came in the last LATENCY_WINDOW_US.
+export function recentLatency() {
+  const since = state.store.lastT - LATENCY_WINDOW_US;
+  const ttft = [];
+  for (const r of state.store.requests.values()) {
+    if (r.first_token_us !== null && r.first_token_us >= since) ttft.push(r.first_token_us - r.arrival_us);
+  }
+  ttft.sort((a, b) => a - b);
+  const mid = ttft.length >> 1;
+  const median = !ttft.length ? null : ttft.length % 2 ? ttft[mid] : (ttft[mid - 1] + ttft[mid]) / 2;
+  return { ttftMs: median === null ? null : median / 1000, requests: ttft.length, windowS: LATENCY_WINDOW_US / 1e6 };
 }
 
 function addModeChange(m) {
@@ -152,16 +183,18 @@ export function handle(m, header) {
       delete store.meta.recent;             // the records live in the store, not twice
       const recent = m.recent || {};
       addSteps(recent.steps);
-      addNvml(recent.nvml || recent.samples);
+      addNvml(recent.nvml);
+      addRequests(recent.requests);
       for (const c of recent.mode_changes || []) addModeChange(c);
       if (typeof m.t_us === "number") seen(m.t_us);
-      header.showStatus(Object.assign({}, m.status || {}, m));
+      header.showStatus(m);
+      header.showRequests(recentLatency());
       if (m.mode) header.setMode(m.mode);
       break;
     }
     case "steps": addSteps(m.steps); break;
-    case "nvml": addNvml(m.samples || m.nvml); break;
-    case "requests": break;             // per-request latencies: the burst tables and the downloads have them
+    case "nvml": addNvml(m.samples); break;
+    case "requests": addRequests(m.requests); break;
     case "mode":
       addModeChange(m);
       if (typeof m.t_us === "number") seen(m.t_us);
@@ -170,12 +203,12 @@ export function handle(m, header) {
     case "stats":
       if (typeof m.t_us === "number") seen(m.t_us);
       header.showStats(m);
+      header.showRequests(recentLatency());      // a few times a second: the window slides on
       break;
-    default:
-      if (/drop/.test(String(m.type))) {
-        state.dropped += Number(pick(m, "dropped", "count", "frames") || 1);
-        setText("bs-dropped", state.dropped + " frames dropped (slow link)");
-      }
+    case "dropped":                     // the server's queue for this viewer overflowed
+      state.dropped += m.frames;
+      setText("bs-dropped", state.dropped + " frames dropped (slow link)");
+      break;
   }
   state.dirty = true;
 }
@@ -185,7 +218,8 @@ export function handle(m, header) {
 export function currentData() {
   const { view, store } = state;
   if (view.source === "replay" && view.replay) return view.replay;
-  return { steps: store.steps, nvml: store.nvml, mode_changes: store.mode_changes, requests: [], meta: store.meta };
+  return { steps: store.steps, nvml: store.nvml, mode_changes: store.mode_changes,
+           requests: Array.from(store.requests.values()), meta: store.meta };
 }
 
 // The live "now" on the server's clock (µs), for the sliding window.

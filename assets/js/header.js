@@ -2,7 +2,7 @@
  * counters, and the status line. The server's messages and /api/status keep it current. */
 import { api, socket } from "./api.js";
 import { state } from "./feed.js";
-import { $, fmt, note, pick, setText } from "./util.js";
+import { $, fmt, note, setText } from "./util.js";
 
 const CONN_TEXT = { live: "live", connecting: "connecting…", reconnecting: "reconnecting…", error: "offline",
                     replay: "replay" };
@@ -32,7 +32,7 @@ async function requestMode(m) {
   try {
     const res = await api("/api/mode", "POST", { mode: m });
     // the server answers with the engine's mode; the websocket "mode" message marks the switch on the charts
-    setMode((res && (res.mode || res.to)) || m);
+    setMode(res.mode);
     note("mode → " + m, false);
   } catch (e) {
     note("mode switch failed: " + e.message, true);
@@ -41,31 +41,36 @@ async function requestMode(m) {
   }
 }
 
-export function showStats(s) {
-  const kvUsed = pick(s, "kv_blocks_used"), kvTotal = pick(s, "kv_blocks_total");
-  let kv = pick(s, "kv_usage_pct", "kv_pct", "kv_usage", "kv_used_pct");
-  if (kv === undefined && kvUsed !== undefined && kvTotal) kv = 100 * kvUsed / kvTotal;
-  else if (kv !== undefined && kv <= 1 && pick(s, "kv_usage") !== undefined && pick(s, "kv_usage_pct", "kv_pct") === undefined) kv = 100 * kv;
-  setText("bs-st-running", fmt(pick(s, "running", "num_running")));
-  setText("bs-st-waiting", fmt(pick(s, "waiting", "queue_depth", "queued", "queue")));
-  setText("bs-st-kv", fmt(kv) + "%");
-  setText("bs-st-busy", fmt(pick(s, "busy_pct_1s", "busy_pct")) + "%");
-  const util = pick(s, "nvml_util", "gpu_util");
-  if (util !== undefined) setText("bs-st-nvml", fmt(util) + "%");
-  setText("bs-st-tps", fmt(pick(s, "tokens_per_s", "output_tokens_per_s")));
-  if (s.mode) setMode(s.mode);
+// The engine's counters, named alike in /api/status and in the websocket's "stats" message (app/schemas.py
+// EngineCounters): `queue` waiting for admission, `running`, and `kv_usage`, the share of KV blocks in use.
+export function showCounters(c) {
+  setText("bs-st-running", fmt(c.running));
+  setText("bs-st-queue", fmt(c.queue));
+  setText("bs-st-kv", (c.kv_usage === null || c.kv_usage === undefined ? "–" : fmt(100 * c.kv_usage)) + "%");
+  if (c.mode) setMode(c.mode);
 }
 
-// The status line: model, device, GPU, NVML. Python renders it first; this keeps it right after reconnects.
+// A "stats" message: the counters plus the last second's event busy % and tokens/s.
+export function showStats(s) {
+  showCounters(s);
+  setText("bs-st-busy", fmt(s.busy_pct_1s) + "%");
+  setText("bs-st-tps", fmt(s.tokens_per_s));
+}
+
+// From the "requests" messages: the median time to first token of the latest requests (feed.js recentLatency).
+export function showRequests(r) {
+  setText("bs-st-ttft", r.ttftMs === null ? "–" : fmt(r.ttftMs) + " ms");
+  const el = $("bs-st-ttft");
+  if (el) el.title = r.requests + " requests got their first token in the last " + r.windowS + " s";
+}
+
+// The status line: model, device, GPU, NVML, from /api/status or the hello message (the same names in both).
+// Python renders it first; this keeps it right after reconnects.
 export function showStatus(s) {
-  const model = pick(s, "model", "model_name");
-  const device = pick(s, "device");
-  const gpu = pick(s, "gpu_name", "gpu");
-  if (model) setText("bs-model", typeof model === "string" ? model : (model.name || JSON.stringify(model)));
-  if (device) setText("bs-device", String(device));
-  if (gpu !== undefined) setText("bs-gpu", typeof gpu === "string" ? gpu : (gpu && gpu.name) || "none");
-  const nv = pick(s, "nvml_available", "nvml");
-  if (typeof nv === "boolean") setText("bs-nvml", nv ? "available" : "not available");
+  if (s.model) setText("bs-model", s.model);
+  if (s.device) setText("bs-device", s.device);
+  setText("bs-gpu", s.gpu_name || "none");
+  setText("bs-nvml", s.nvml_available ? "available" : "not available");
 }
 
 // The websocket carries the mode and the counters; this poll keeps them right while it is down.
@@ -73,8 +78,8 @@ export async function pollStatus() {
   if (!state.live || document.hidden) return;
   try {
     const s = await api("/api/status", "GET", undefined, 5000);
-    if (s && s.mode) setMode(s.mode);
-    if (!socket.open && s) showStats(s);
+    if (s.mode) setMode(s.mode);
+    if (!socket.open) showCounters(s);
   } catch (e) { /* the connection badge already tells */ }
 }
 

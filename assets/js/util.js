@@ -8,13 +8,6 @@ export function setText(id, text) {
   if (el && el.textContent !== text) el.textContent = text;
 }
 
-// The first of `keys` that obj has (not null): server messages name some fields in more than one way.
-export function pick(obj, ...keys) {
-  if (!obj) return undefined;
-  for (const k of keys) if (obj[k] !== undefined && obj[k] !== null) return obj[k];
-  return undefined;
-}
-
 export function fmt(v, digits) {
   if (v === undefined || v === null || Number.isNaN(v)) return "–";
   return Number(v).toFixed(digits === undefined ? 0 : digits);

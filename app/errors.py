@@ -1,0 +1,95 @@
+"""What can go wrong in a request, and how each failure becomes a 4xx or 5xx with a JSON reason:
+{"error": "..."} on /api, OpenAI's {"error": {"message": ...}} on /v1.
+
+AppState and the load generator raise these; the handlers below map them by type (Starlette looks a handler up
+along each exception's MRO, so the order they are added in does not matter).
+"""
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import HTTPConnection
+
+from batchscope.telemetry import TimelineError
+
+
+class BusyError(ValueError):
+    """The request is fine but the server is at capacity right now (too many bursts, a deep queue): retry later
+    (429). An input over a configured cap is a plain ValueError (400)."""
+
+
+class NotFoundError(KeyError):
+    """No such burst, A/B run or recording (404)."""
+
+    def __str__(self) -> str:           # KeyError quotes its message; a reason should read plainly
+        return str(self.args[0]) if self.args else ""
+
+
+class NoEngineError(RuntimeError):
+    """The server runs replay-only: nothing can be generated (409)."""
+
+
+class ShuttingDownError(RuntimeError):
+    """The server is shutting down: no new work is taken (503)."""
+
+
+class EngineFailure(RuntimeError):
+    """A request failed inside the engine (500): not the caller's fault."""
+
+
+STATUS_BY_ERROR = {ValueError: 400, TimelineError: 400, BusyError: 429, NotFoundError: 404, NoEngineError: 409,
+                   ShuttingDownError: 503, EngineFailure: 500}
+OPENAI_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_exceeded"}
+
+
+def error_response(request: HTTPConnection, status: int, reason: str) -> JSONResponse:
+    if request.url.path.startswith("/v1"):
+        kind = OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        body: dict = {"error": {"message": reason, "type": kind, "param": None, "code": status}}
+    else:
+        body = {"error": reason}
+    return JSONResponse(body, status_code=status)
+
+
+def validation_reason(exc: RequestValidationError | ValidationError) -> str:
+    """One line that names each bad field and why: for the API's 400s and for the page's load-test panel."""
+    parts = []
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            return f"body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}"
+        if err.get("type") == "model_attributes_type" and tuple(err.get("loc", ())) == ("body",):
+            return "the body must be a JSON object (sent as Content-Type: application/json)"
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        if err.get("type") == "literal_error":
+            parts.append(f"{loc} must be {err['ctx']['expected']}, got {err.get('input')!r}")
+            continue
+        msg = str(err.get("msg")).removeprefix("Value error, ")      # our own validators' reasons read plainly
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def validation(request, exc: RequestValidationError):
+        return error_response(request, 400, validation_reason(exc))
+
+    async def http_error(request, exc: StarletteHTTPException):
+        if isinstance(exc.__cause__, RecursionError):    # FastAPI's own JSON parse; BodyLimit should catch it first
+            return error_response(request, 400, "body JSON is nested too deeply to parse")
+        return error_response(request, exc.status_code, str(exc.detail))
+
+    def status_for(code: int):
+        async def handler(request, exc):
+            return error_response(request, code, str(exc) or type(exc).__name__)
+        return handler
+
+    async def model_validation(request, exc: ValidationError):     # a model built inside a route
+        return error_response(request, 400, validation_reason(exc))
+
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(ValidationError, model_validation)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    for error, code in STATUS_BY_ERROR.items():      # ValueError covers bad input, the engine's ConfigError too
+        app.add_exception_handler(error, status_for(code))

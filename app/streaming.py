@@ -1,0 +1,101 @@
+"""Answers that follow requests in the engine: server-sent events while tokens come, or the outputs at the end.
+
+Every streamed route (/api/generate, /v1/completions, /v1/chat/completions) goes through `sse_stream`: one loop
+over the requests' token deltas, with the route saying only what each event looks like.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from batchscope.engine.request import TokenDelta
+
+DeltaEvent = Callable[[int, TokenDelta, int], dict | None]   # (request index, delta, tokens so far) -> event
+
+
+def sse_stream(handles: list, event: DeltaEvent, *, first: dict | None = None,
+               last: Callable[[int], dict | None] | None = None,
+               on_error: Callable[[TokenDelta], dict] | None = None) -> StreamingResponse:
+    """Server-sent events for requests as their tokens come: `first`, then `event(...)` for each delta (None
+    skips it), then `last(tokens in all)`, then `data: [DONE]`. With `on_error`, a request that fails in the
+    engine ends the stream with that event instead (OpenAI clients expect it); without, `event` reports it.
+    A client that hangs up cancels the requests still running."""
+    async def events() -> AsyncIterator[dict]:
+        if first is not None:
+            yield first
+        produced = 0
+        async for i, d in merged(handles):
+            produced += len(d.token_ids)
+            if on_error is not None and d.finished and d.finish_reason == "error":
+                yield on_error(d)
+                return
+            ev = event(i, d, produced)
+            if ev is not None:
+                yield ev
+        tail = last(produced) if last is not None else None
+        if tail is not None:
+            yield tail
+
+    async def body():
+        async for ev in events():
+            yield f"data: {json.dumps(ev, separators=(',', ':'))}\n\n"
+        yield "data: [DONE]\n\n"
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def final_outputs(handles: list, request: Request) -> list:
+    """Wait for requests to finish without holding a thread; cancel them if the client hangs up first."""
+    async def one(handle):
+        async for d in handle.astream():
+            if d.finished:
+                break
+        # the finishing delta can arrive a moment before the handle marks itself done
+        return handle.result(0) if handle.done else await run_in_threadpool(handle.result, 5)
+
+    async def cancel_on_hang_up():
+        # the body is read already, so the next message is the disconnect (or the end of the exchange)
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        for h in handles:
+            h.cancel()
+
+    watcher = asyncio.create_task(cancel_on_hang_up())
+    try:
+        return await asyncio.gather(*(one(h) for h in handles))
+    finally:
+        watcher.cancel()
+
+
+async def merged(handles: list) -> AsyncIterator[tuple[int, Any]]:
+    """(index, TokenDelta) from several requests as they come; cancels the unfinished ones if abandoned."""
+    try:
+        if len(handles) == 1:
+            async for d in handles[0].astream():
+                yield 0, d
+            return
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i, h):
+            async for d in h.astream():
+                await q.put((i, d))
+        tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+        try:
+            left = len(handles)
+            while left:
+                i, d = await q.get()
+                left -= d.finished
+                yield i, d
+        finally:
+            for t in tasks:
+                t.cancel()
+    finally:
+        for h in handles:
+            if not h.done:
+                h.cancel()
