@@ -1,7 +1,8 @@
-"""The parts both loops are made of: build a step, launch it, consume it. The loops (loop.py) only order them.
+"""The parts both loops are made of: build a step, launch it, consume it, deliver traces. The loops (loop.py)
+only order them: no part asks which loop called it.
 
-Everything here runs on the engine thread. Submissions and cancels arrive through a thread-safe inbox that is
-drained at the start of each build.
+Everything here runs on the engine thread, except `submit`, `cancel`, `request_mode` and `request_close`, which
+any thread may call: submissions and cancels arrive through a thread-safe inbox drained at the start of each build.
 """
 from __future__ import annotations
 
@@ -28,8 +29,7 @@ class Step:
     mode: str
     launched: Launched | None = None
     host: dict = field(default_factory=dict)
-    built_during_step: int | None = None
-    consumed_at_launch: int | None = None
+    built_during_step: int | None = None     # the step in flight while this one was built (async), else None
     arrivals: list = field(default_factory=list)
     batch: object = None
     failed: bool = False
@@ -53,14 +53,39 @@ class EngineCore:
         self.closing = False
         self._new_arrivals: list = []
         self._finished: list = []       # (id, reason, prompt, output) since the last trace
-        self._deferred: list = []       # sync-loop steps whose traces wait for the next launch
+        self._held: list = []           # consumed steps whose traces wait for the loop's flush_traces
+
+    # -- from any thread ----------------------------------------------------------------------------------------
+    def submit(self, items: list) -> None:
+        """Queue (request, handle) pairs; one call's pairs reach the scheduler together."""
+        self.inbox.put(("submit", items))
+        self.wakeup.set()
+
+    def cancel(self, request_id: str) -> None:
+        self.inbox.put(("cancel", request_id))
+        self.wakeup.set()
+
+    def request_mode(self, mode: str) -> None:
+        """The running loop returns at its next step boundary (async drains first) and the other one starts."""
+        self.requested_mode = mode
+        self.wakeup.set()
+
+    def request_close(self) -> None:
+        self.closing = True
+        self.wakeup.set()
+
+    def add_observer(self, fn) -> None:
+        self.observers = self.observers + [fn]      # a new list: notify() may be iterating the old one
+
+    def remove_observer(self, fn) -> None:
+        self.observers = [o for o in self.observers if o is not fn]
 
     # -- control ------------------------------------------------------------------------------------------------
     def keep_running(self, mode: str) -> bool:
         return not self.closing and self.requested_mode == mode
 
     def idle(self) -> None:
-        """Nothing to do: sleep until a submission, a cancel, a mode switch or close."""
+        """Nothing to do: deliver what is held, then sleep until a submission, a cancel, a mode switch or close."""
         self.flush_traces()
         self.wakeup.wait(0.05)
         self.wakeup.clear()
@@ -77,14 +102,23 @@ class EngineCore:
         self.notify(ModeChange(now(), self.step_counter, from_mode, to_mode))
 
     def flush_traces(self) -> None:
-        """Build and deliver the traces held back by the sync loop (see `_trace`)."""
-        while self._deferred:
+        """Build the held traces and hand them to the observers, in step order. The loops call it where the
+        observers' time hides behind the device: right after launching the next step (loop.py)."""
+        while self._held:
             try:
-                trace = self._build_trace(*self._deferred.pop(0))
+                trace = self._build_trace(*self._held.pop(0))
             except Exception:               # telemetry must never stop a launched step from being consumed
                 traceback.print_exc()
                 continue
             self.notify(trace)
+
+    def shutdown(self) -> None:
+        """After the last loop returned for good: deliver what is held and cancel whatever never ran, so that no
+        caller waits forever."""
+        self.flush_traces()
+        self._drain_inbox()
+        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self._finish(req, "cancelled")
 
     def _drain_inbox(self) -> None:
         while True:
@@ -111,8 +145,7 @@ class EngineCore:
         if plan is None:
             return None
         self.step_counter += 1
-        overlapped = in_flight.plan.step if in_flight else None
-        step = Step(plan, mode, built_during_step=overlapped, consumed_at_launch=overlapped,
+        step = Step(plan, mode, built_during_step=in_flight.plan.step if in_flight else None,
                     kv_blocks_used=self.scheduler.allocator.num_used)
         step.arrivals, self._new_arrivals = self._new_arrivals, []
         t1 = now()
@@ -133,7 +166,6 @@ class EngineCore:
         except Exception as exc:
             self.fail(step, exc)
         step.host["launch"] = (t0, now())
-        self.flush_traces()             # observers of the previous sync step run while this one computes
 
     # -- consume: wait + update ---------------------------------------------------------------------------------
     def consume(self, step: Step) -> None:
@@ -201,10 +233,7 @@ class EngineCore:
         if isinstance(exc, torch.cuda.OutOfMemoryError):
             msg = (f"out of device memory in a step of {step.plan.num_tokens} tokens for {len(step.plan.seqs)} "
                    f"request(s); a smaller --max-batch-tokens or --max-prompt-tokens avoids it. {msg}")
-            # The failed step's tensors are gone: hand their cached blocks back so the next steps can allocate.
-            # (An error path, so the device sync inside empty_cache is acceptable here.)
-            if torch.cuda.is_initialized():
-                torch.cuda.empty_cache()
+            self.runner.free_cached_memory()
         traceback.print_exception(exc)
         for seq in step.plan.seqs:
             req = seq.req
@@ -212,17 +241,16 @@ class EngineCore:
                 req.pending = max(0, req.pending - 1)
             if not req.finished:
                 self._finish(req, "error", error=msg)
-        self.runner.last_out = None
         self._trace(step, [], msg)
 
     def _trace(self, step: Step, delivered, error) -> None:
+        """Hold the step's trace until the loop calls flush_traces. Its events stay valid until the step after
+        next reuses the slot, which both loops build only after flushing. A failed step is reported at once."""
         finished, self._finished = self._finished, []
         if not self.observers:
             return
-        self._deferred.append((step, delivered, finished, error))
-        # In sync the GPU idles until the next launch, so the trace is built and delivered after it instead,
-        # hidden behind the device. Its events stay valid until the step after that reuses the slot.
-        if step.mode != "sync" or error is not None:
+        self._held.append((step, delivered, finished, error))
+        if error is not None:
             self.flush_traces()
 
     def _build_trace(self, step: Step, delivered, finished, error) -> StepTrace:
@@ -236,7 +264,7 @@ class EngineCore:
             queue_depth=plan.queue_depth, running=plan.running, host=step.host,
             gpu_events=la.events.spans() if la is not None and la.events is not None else None,
             anchor=la.anchor if la is not None else None,
-            built_during_step=step.built_during_step, consumed_at_launch=step.consumed_at_launch,
+            built_during_step=step.built_during_step,
             arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted, error=error)
 
 

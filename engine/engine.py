@@ -61,7 +61,7 @@ class Engine:
                              max_blocks, kernel, config.cuda_graphs)
         if runner.use_graphs:
             from tqdm import tqdm
-            with tqdm(total=2 * len(runner.buckets), desc="batchscope: capturing decode CUDA graphs",
+            with tqdm(total=len(runner.graph_keys()), desc="batchscope: capturing decode CUDA graphs",
                       leave=False) as bar:
                 runner.capture_decode_graphs(progress=bar.update)
         self._core = EngineCore(scheduler, runner, self.eos_token_ids, self._detokenize, self._stop_at)
@@ -84,14 +84,13 @@ class Engine:
         """Takes effect at the next step boundary (the async loop drains its in-flight step first)."""
         if mode not in LOOPS:
             raise ConfigError(f"mode must be one of {tuple(LOOPS)}, got {mode!r}")
-        self._core.requested_mode = mode
-        self._core.wakeup.set()
+        self._core.request_mode(mode)
 
     def add_observer(self, fn) -> None:
-        self._core.observers = self._core.observers + [fn]
+        self._core.add_observer(fn)
 
     def remove_observer(self, fn) -> None:
-        self._core.observers = [o for o in self._core.observers if o is not fn]
+        self._core.remove_observer(fn)
 
     def submit(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
                stream: bool = True) -> RequestHandle:
@@ -118,12 +117,10 @@ class Engine:
                                                               detokenize=self._detokenize)
 
     def _enqueue(self, batch: list[tuple[Request, RequestHandle]]) -> None:
-        self._core.inbox.put(("submit", batch))
-        self._core.wakeup.set()
+        self._core.submit(batch)
 
     def cancel(self, request_id: str) -> None:
-        self._core.inbox.put(("cancel", request_id))
-        self._core.wakeup.set()
+        self._core.cancel(request_id)
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
@@ -146,8 +143,7 @@ class Engine:
                 "steps": self._core.step_counter}
 
     def close(self) -> None:
-        self._core.closing = True
-        self._core.wakeup.set()
+        self._core.request_close()
         self._thread.join(timeout=30)
 
     def __enter__(self):
@@ -170,11 +166,7 @@ class Engine:
                 except Exception:       # a bug outside any step: report it and keep serving
                     traceback.print_exc()
                     time.sleep(0.01)
-        # closing: whatever never ran is cancelled so that no caller waits forever
-        core.flush_traces()
-        core._drain_inbox()
-        for req in list(core.scheduler.running) + list(core.scheduler.waiting):
-            core._finish(req, "cancelled")
+        core.shutdown()
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def _prompt_ids(self, prompt: Prompt) -> list[int]:

@@ -3,19 +3,22 @@
     H2D stream:      wait(slot's last compute done) -> copy packs host->device -> record h2d_end
     compute stream:  wait(h2d_end) -> gather carried tokens -> forward -> sample -> record compute_end
     D2H stream:      wait(compute_end) -> copy sampled tokens device->host -> record d2h_end
-The host blocks in exactly one place, `wait()`, on d2h_end. On CPU there are no streams or events: `launch()`
-runs the step to completion and `wait()` returns at once, which keeps both loops valid there.
+Serving, the host blocks once per step: in `wait()`, on d2h_end. Every place it can block on the device is
+listed in loop.py's docstring (this module and graphs.py hold all of them); keep that list true when adding one. On CPU there
+are no streams or events: `launch()` runs the step to completion and `wait()` returns at once, which keeps both
+loops valid there.
 
-Decode-only steps replay CUDA graphs (one per IO slot, batch-size bucket and sampling variant) with the
-carry-over gather and the sampling inside the graph, so a step costs the host one launch instead of hundreds.
-A model whose decode step cannot be captured (it synchronises with the host, or the capture fails) runs every
-step eagerly instead, and `graphs_note` says why: never a crash at start-up.
+Decode-only steps replay CUDA graphs (one per IO slot, batch-size bucket and sampling path) with the carry-over
+gather and the sampling inside the graph, so a step costs the host one launch instead of hundreds. All of them
+are captured at start-up: a capture synchronises the device, and one met mid-serving (the first sampled request
+in a bucket) would stall every request in flight. A model whose greedy decode step cannot be captured (it
+synchronises with the host, or the capture fails) runs every step eagerly instead; a sampling path (random,
+filtered) that cannot be captured runs eagerly alone. `graphs_note` says why: never a crash at start-up. The
+capture itself lives in graphs.py.
 """
 from __future__ import annotations
 
 import contextlib
-import gc
-import sys
 import time
 from dataclasses import dataclass
 
@@ -23,9 +26,10 @@ import torch
 
 from .attention import AttentionMetadata, use_metadata
 from .batch import Batch, IoSlot, fill_slot
+from .graphs import DecodeGraphs, experts_configs, graph_buckets
 from .kv_cache import KVCache
 from .patching import embeds_only, logits_epilogue
-from .sampler import sample
+from .sampler import sample, sample_path
 from .scheduler import StepPlan
 
 EVENT_NAMES = ("h2d_start", "h2d_end", "compute_start", "compute_end", "d2h_start", "d2h_end")
@@ -59,63 +63,7 @@ class Launched:
     anchor: tuple[object, int] | None
 
 
-class GraphCaptureError(RuntimeError):
-    """A decode step could not be captured as a CUDA graph; the runner then runs it eagerly."""
-
-
-# Capture-safe expert dispatch for MoE decoders built on transformers' experts interface: one batched GEMM over
-# the gathered weights of each (token, expert) pair, no host sync and no data-dependent shape. The default,
-# grouped_mm, is used wherever it is capture-safe itself (bf16 on Hopper); in float32 it falls back to a loop
-# over the host-side group offsets (a device-to-host copy), which ends any capture.
-GRAPH_SAFE_EXPERTS = "batched_mm"
-
-
-def experts_configs(model: torch.nn.Module) -> list:
-    """The configs whose `_experts_implementation` picks the forward of the model's expert modules (those
-    wrapped by transformers' `use_experts_implementation`)."""
-    seen: dict[int, object] = {}
-    for m in model.modules():
-        cfg = getattr(m, "config", None)
-        if cfg is not None and hasattr(m, "has_gate") and hasattr(m, "is_concatenated") \
-                and hasattr(type(m), "_apply_gate") and hasattr(cfg, "_experts_implementation_internal"):
-            seen.setdefault(id(cfg), cfg)
-    return list(seen.values())
-
-
-@contextlib.contextmanager
-def experts_implementation(configs: list, name: str | None):
-    """Run the experts with `name` for the duration (None: leave them alone)."""
-    if name is None or not configs:
-        yield
-        return
-    before = [cfg._experts_implementation_internal for cfg in configs]
-    for cfg in configs:
-        cfg._experts_implementation_internal = name
-    try:
-        yield
-    finally:
-        for cfg, impl in zip(configs, before):
-            cfg._experts_implementation_internal = impl
-
-
-@contextlib.contextmanager
-def host_sync_forbidden():
-    """Turn any host synchronisation into an error (torch's sync debug mode). Process-wide while it lasts:
-    used only around one warm-up forward before a capture, where a sync would otherwise invalidate it."""
-    before = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(before)
-
-
-def graph_buckets(max_seqs: int) -> list[int]:
-    sizes = [1, 2, 4, 8] + list(range(16, 129, 16)) + list(range(160, 1025, 32))
-    return [b for b in sizes if b < max_seqs] + [max_seqs]
-
-
-class ModelRunner:
+class ModelRunner(DecodeGraphs):
     def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, max_tokens: int,
                  max_seqs: int, max_blocks: int, kernel: str, cuda_graphs: bool = False):
         self.model, self.kv, self.device, self.kernel = model, kv, device, kernel
@@ -136,14 +84,15 @@ class ModelRunner:
             self.d2h_stream = torch.cuda.Stream(device)
             self.clock_stream = torch.cuda.Stream(device)   # only ever records clock anchors
             self.events = [SlotEvents(), SlotEvents()]
-        self.last_out: torch.Tensor | None = None    # device output of the last launched step (carry source)
         # graphs need a capturable attention kernel: the torch reference loops over host-side lengths
         self.use_graphs = cuda_graphs and self.cuda and kernel == "triton"
         self.buckets = graph_buckets(min(max_seqs, max_tokens))
-        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
-        self.timed_graphs: set[tuple[int, int, int]] = set()   # graphs that record their own compute events
+        self.graphs: dict[tuple[int, int, str], torch.cuda.CUDAGraph] = {}    # (slot, bucket, sample path)
+        self.timed_graphs: set[tuple[int, int, str]] = set()   # graphs that record their own compute events
+        self.captures = 0                          # captures attempted: all at start-up (a test holds it there)
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.graphs_note: str | None = None        # why decode runs eagerly although graphs were asked for
+        self.eager_paths: set[str] = set()          # sampling paths whose decode graphs could not be captured
         self.graph_events_ok: bool | None = None   # whether timing events can be recorded inside a graph
         self.experts = experts_configs(model)
         self.graph_experts: str | None = None      # the experts implementation the graphs were captured with
@@ -169,18 +118,25 @@ class ModelRunner:
         return self.slots[step % 2]
 
     def wait_slot_free(self, slot: IoSlot) -> None:
-        """Write-after-read guard: the host may rewrite a slot's pinned buffers only once its H2D copy is done."""
+        """Write-after-read guard: the host may rewrite a slot's pinned buffers only once its H2D copy is done.
+        A host wait (loop.py's list), but one that returns at once in both loops: the slot's previous step (two
+        back) was consumed before this one is built, and its D2H copy ran after its H2D copy."""
         if self.cuda and self.events[slot.index].used:
             self.events[slot.index].h2d_end.synchronize()
+
+    def carry_source(self, slot: IoSlot) -> torch.Tensor:
+        """The device tensor a step on `slot` gathers its carried tokens from: the other slot's output. A step
+        carries only from the step in flight while it was built, numbered one before it, and step numbers
+        alternate slots. The decode graphs are captured reading this same tensor."""
+        return self.slots[1 - slot.index].out_tokens
 
     # -- launch -------------------------------------------------------------------------------------------------
     def launch(self, batch: Batch) -> Launched:
         slot = batch.slot
         S = len(batch.plan.sampled)
         if not self.cuda:
-            self._compute(batch, self.last_out)
+            self._compute(batch, self.carry_source(slot))
             slot.host_out[:S].copy_(slot.out_tokens[:S])
-            self.last_out = slot.out_tokens
             return Launched(batch, None, None)
 
         ev = self.events[slot.index]
@@ -202,7 +158,7 @@ class ModelRunner:
             for dev, host in copies:
                 dev.copy_(host, non_blocking=True)
             ev.h2d_end.record()
-        prev_out = self.last_out
+        prev_out = self.carry_source(slot)
         with torch.cuda.stream(self.compute_stream):
             self.compute_stream.wait_event(ev.h2d_end)
             if ev.used:
@@ -216,165 +172,32 @@ class ModelRunner:
             slot.host_out[:S].copy_(slot.out_tokens[:S], non_blocking=True)
             ev.d2h_end.record()
         ev.used = True
-        self.last_out = slot.out_tokens
         return Launched(batch, ev, anchor)
 
-    def _compute(self, batch: Batch, prev_out: torch.Tensor | None, start=None) -> None:
+    def _compute(self, batch: Batch, prev_out: torch.Tensor, start=None) -> None:
         """Runs on the compute stream: a graph replay for bucketed decode steps, else the eager forward.
         `start` (an event) is recorded just before the step's first kernel."""
         if batch.graph_bucket is None:
             return self._forward(batch, prev_out, start)
-        key = (batch.slot.index, batch.graph_bucket, 2 if batch.any_filter else int(batch.any_random))
+        key = (batch.slot.index, batch.graph_bucket, sample_path(batch.any_random, batch.any_filter))
         graph = self.graphs.get(key)
         if graph is None:
-            try:
-                graph = self._capture(key, batch)
-            except GraphCaptureError as exc:
-                # a sampling variant met for the first time mid-serving: this step and all later ones go eager
-                self.disable_graphs(str(exc))
+            if key[2] in self.eager_paths:          # this sampling path could not be captured: it runs eagerly
                 return self._forward(batch, prev_out, start)
+            # never captured here: a capture mid-serving would stall every request in flight
+            raise RuntimeError(f"no decode graph for {key}: capture_decode_graphs must run before serving")
         if start is not None:
             start.record()
         graph.replay()
         self.events[batch.slot.index].last_in_graph = key in self.timed_graphs
 
-    def _capture(self, key: tuple[int, int, int], batch: Batch) -> torch.cuda.CUDAGraph:
-        """Record one decode graph. The batch's views sit at the bucket's fixed offsets; the carry source is
-        always the other slot's output (consecutive steps alternate slots). Called on the compute stream.
-        Raises GraphCaptureError (with the allocator left consistent) when the step cannot be captured."""
-        other = self.slots[1 - batch.slot.index].out_tokens
-        ev = self.events[batch.slot.index]
-        # warm-up outside the graph (kernel compilation, library handles), with host syncs made errors: a sync
-        # inside a capture invalidates it, and a failed capture is far harder to undo than a failed warm-up
-        self._warm_up_capturable(batch, other)
-        self.compute_stream.synchronize()
-        if self.graph_events_ok is None:
-            self.graph_events_ok = self._graph_events_work()
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with experts_implementation(self.experts, self.graph_experts), \
-                    torch.cuda.graph(graph, pool=self.graph_pool, stream=self.compute_stream):
-                if self.graph_events_ok:
-                    ev.graph_start.record()
-                self._forward(batch, other)
-                if self.graph_events_ok:
-                    ev.graph_end.record()
-        except Exception as exc:
-            self._abandon_capture(graph, self.graph_pool)
-            raise GraphCaptureError(f"capturing the decode step failed ({type(exc).__name__}: "
-                                    f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
-        if self.graph_events_ok:
-            self.timed_graphs.add(key)
-        self.graphs[key] = graph
-        return graph
+    def free_cached_memory(self) -> None:
+        """After a step ran out of device memory: its tensors are gone, hand their cached blocks back so the next
+        steps can allocate. An error path, so the device sync inside empty_cache is acceptable here."""
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
-    def _warm_up_capturable(self, batch: Batch, other: torch.Tensor) -> None:
-        """One eager decode forward that must not synchronise with the host. An MoE whose expert dispatch
-        syncs gets the capture-safe one for its graphs (eager steps keep the model's own)."""
-        tries = [self.graph_experts]
-        if self.experts and self.graph_experts is None:
-            tries.append(GRAPH_SAFE_EXPERTS)
-        for impl in tries:
-            try:
-                with experts_implementation(self.experts, impl), host_sync_forbidden():
-                    self._forward(batch, other)
-                self.graph_experts = impl
-                return
-            except Exception as exc:        # whatever it is, the step runs eagerly rather than crash start-up
-                cause = exc
-                if "synchroniz" not in str(exc):
-                    break
-        first = str(cause).splitlines()[0] if str(cause) else ""
-        if "synchroniz" in str(cause):
-            raise GraphCaptureError(f"the decode step synchronises with the host ({first})") from cause
-        raise GraphCaptureError(f"the decode warm-up failed ({type(cause).__name__}: {first})") from cause
-
-    def _graph_events_work(self) -> bool:
-        """Whether this driver takes timing-event nodes in graphs, tried on a one-kernel graph in its own pool
-        (so that a failure there cannot disturb the model's graphs). Without them the launch is timed."""
-        start, end = torch.cuda.Event(enable_timing=True, external=True), torch.cuda.Event(enable_timing=True,
-                                                                                          external=True)
-        x = torch.zeros(1, device=self.device)
-        pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, pool=pool, stream=self.compute_stream):
-                start.record()
-                x.add_(1)
-                end.record()
-            return True
-        except Exception:
-            self._abandon_capture(graph, pool)
-            return False
-        finally:
-            del graph
-
-    def _abandon_capture(self, graph: torch.cuda.CUDAGraph, pool) -> None:
-        """After a capture raised: if torch never registered its end (cudaStreamEndCapture failed on an
-        invalidated capture), stop routing allocations to the pool and give back the pool reference that
-        capture_begin took, so that the pool's use count stays right when later graphs are freed."""
-        with torch.cuda.stream(self.compute_stream):
-            if torch.cuda.is_current_stream_capturing():
-                with contextlib.suppress(Exception):
-                    graph.capture_end()
-        try:
-            graph.pool()            # only a capture that ended (torch will release its pool itself) has one
-            return
-        except RuntimeError:
-            pass
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        for name in ("_cuda_endAllocateToPool", "_cuda_endAllocateCurrentStreamToPool"):
-            fn = getattr(torch._C, name, None)
-            if fn is not None:
-                with contextlib.suppress(Exception):
-                    fn(index, pool)
-                break
-        release = getattr(torch._C, "_cuda_releasePool", None)
-        if release is not None:
-            with contextlib.suppress(Exception):
-                release(index, pool)
-
-    def disable_graphs(self, reason: str) -> None:
-        """Give up on CUDA graphs: free every captured graph and its memory; all steps run eagerly from now."""
-        self.use_graphs = False
-        self.graphs_note = reason
-        self.graphs.clear()
-        self.timed_graphs.clear()
-        self.graph_pool = None
-        self.graph_experts = None
-        for ev in self.events:
-            ev.last_in_graph = False
-        gc.collect()
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        print(f"batchscope: CUDA graphs are off for this model, decode runs eagerly: {reason}",
-              file=sys.stderr, flush=True)
-
-    def capture_decode_graphs(self, progress=None) -> None:
-        """Warm-up at start: record the greedy decode graph of every bucket for both slots. A model that cannot
-        be captured is left to run eagerly (see `graphs_note`)."""
-        if not self.use_graphs:
-            return
-        empty = StepPlan(step=-1, seqs=[], queue_depth=0, running=0)
-        todo = [(slot, b) for b in sorted(self.buckets, reverse=True) for slot in self.slots]
-        try:
-            with torch.cuda.stream(self.compute_stream):
-                for slot, bucket in todo:
-                    batch = fill_slot(empty, slot, self.block_size, pad_to=bucket, table_width=self.max_blocks,
-                                      scratch_block=self.kv.scratch_block)
-                    batch.graph_bucket = bucket
-                    n64, n32, nf = batch.sizes
-                    slot.dev64[:n64].copy_(slot.host64[:n64])
-                    slot.dev32[:n32].copy_(slot.host32[:n32])
-                    slot.devf[:nf].copy_(slot.hostf[:nf])
-                    self._capture((slot.index, bucket, 0), batch)
-                    if progress is not None:
-                        progress()
-        except GraphCaptureError as exc:
-            self.disable_graphs(str(exc))
-        torch.cuda.synchronize(self.device)
-
-    def _forward(self, batch: Batch, prev_out: torch.Tensor | None, start=None) -> None:
+    def _forward(self, batch: Batch, prev_out: torch.Tensor, start=None) -> None:
         """Carry-over gather first, then the model forward and sampling. The host-side set-up (views, metadata)
         comes before `start` is recorded, so the device is not counted busy while the host prepares."""
         input_ids = batch.view("input_ids")
@@ -419,7 +242,7 @@ class ModelRunner:
 
     # -- wait ---------------------------------------------------------------------------------------------------
     def wait(self, launched: Launched) -> list[int]:
-        """The one place the host blocks on the device."""
+        """The host's one wait per step in steady state: until the step's sampled tokens are in host memory."""
         if launched.events is not None:
             launched.events.d2h_end.synchronize()
         S = len(launched.batch.plan.sampled)

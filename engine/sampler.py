@@ -10,6 +10,18 @@ import torch
 
 _MASK32 = 0xFFFFFFFF
 
+# The code paths `sample` can take, named by the host facts it branches on: (any_random, any_filter). A CUDA
+# graph holds one path, so the runner captures one decode graph per path.
+SAMPLE_PATHS = {"greedy": (False, False), "random": (True, False), "filtered": (True, True)}
+
+
+def sample_path(any_random: bool, any_filter: bool) -> str:
+    """The path `sample` takes for a batch. Without randomness top-k/top-p change nothing (argmax survives any
+    filter), so such a batch is greedy: keying its graph as filtered would replay argmax for later sampled ones."""
+    if not any_random:
+        return "greedy"
+    return "filtered" if any_filter else "random"
+
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
     """A 32-bit integer mixer on int64 tensors (values kept in [0, 2^32))."""

@@ -270,7 +270,7 @@ def check_support(model: torch.nn.Module) -> dict:
         features.add("keys wider than values (MLA)")
     if steps:
         features.add("logits post-processing")
-    from .runner import experts_configs
+    from .graphs import experts_configs
     if experts_configs(model):
         features.add("mixture of experts")
     return {"model_type": model_type, "verified": model_type in VERIFIED_FAMILIES,

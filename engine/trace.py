@@ -2,9 +2,10 @@
 
 The engine records host spans with `time.perf_counter_ns()` and CUDA events on its streams; it never resolves
 event times itself (that is telemetry's job, and resolving only events already known complete keeps it free of
-synchronisation). A StepTrace is handed to observers once the step's outputs have been consumed, so every event
+synchronisation). A StepTrace is handed to observers once the step's outputs have been consumed and the next
+step, if there is one yet, has been launched (loop.py: observers run while the device computes), so every event
 in it has completed. Events belong to an IO slot that is re-recorded two steps later: observers must read them
-inside the callback, not keep them.
+inside the callback, not keep them. A failed step's trace is handed over at once.
 """
 from __future__ import annotations
 
@@ -36,10 +37,9 @@ class StepTrace:
     # (event, host perf_counter_ns) recorded at launch on a stream that holds no work, so the event completes
     # as soon as the device sees it: maps this step's events to host time. None on CPU.
     anchor: tuple[Any, int] | None = None
-    # the step the GPU was still running while this one was built (async overlap); None when it was idle
+    # the step the GPU was still running while this one was built and launched, consumed right after this
+    # one's launch (async: step - 1); None when the device was idle (sync, or the first step after a pause)
     built_during_step: int | None = None
-    # step consumed in the same loop iteration that launched this one (async: step - 1); None in sync
-    consumed_at_launch: int | None = None
     # request lifecycle seen by this step
     arrivals: list[tuple[str, int, int]] = field(default_factory=list)        # (id, arrival_ns, prompt_tokens)
     tokens: list[tuple[str, int]] = field(default_factory=list)               # (id, tokens delivered now)

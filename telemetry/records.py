@@ -10,6 +10,7 @@ launch there), marked `compute_basis: "host"`.
 """
 from __future__ import annotations
 
+from batchscope.engine.request import FINISH_REASONS  # noqa: F401 (part of the record schema, defined once)
 from batchscope.engine.trace import GPU_PHASES, HOST_PHASES  # noqa: F401 (the phase names are part of the record schema)
 
 SCHEMA_ID = "batchscope.timeline/1"
@@ -22,8 +23,6 @@ IDLE_CAUSES = HOST_PHASES + ("h2d", "d2h", "telemetry", "empty_queue", "host_oth
 COMPUTE_BASES = ("gpu", "gpu_wait", "host", "none")
 
 NVML_FIELDS = ("gpu_util", "mem_util", "mem_used_mb", "power_w", "sm_clock_mhz")
-
-FINISH_REASONS = ("eos", "length", "stop", "cancelled", "error")
 
 
 def step_record(trace, cpu: dict, gpu: dict | None, compute: list | None, basis: str,
@@ -53,7 +52,8 @@ def step_record(trace, cpu: dict, gpu: dict | None, compute: list | None, basis:
         "idle_cause": idle_cause,
         "idle_by_cause_us": idle_by_cause,
         "built_during_step": trace.built_during_step,
-        "consumed_at_launch": trace.consumed_at_launch,
+        # the schema's second name for the same step: the one built over is the one consumed after the launch
+        "consumed_at_launch": trace.built_during_step,
     }
     if gpu is not None:
         rec["gpu"] = gpu

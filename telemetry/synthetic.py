@@ -193,7 +193,7 @@ class SyntheticEngine:
                        carried=decode if self.mode == "async" and self.pending else 0,
                        kv_blocks_used=self._blocks_used(), kv_blocks_total=self.num_blocks,
                        queue_depth=queue_depth, running=len(self.running), arrivals=arrivals,
-                       built_during_step=in_flight, consumed_at_launch=in_flight)
+                       built_during_step=in_flight)
         events, d2h_end = [], 0
         if self.gpu:
             launch = self._host(40)

@@ -190,3 +190,50 @@ def test_the_same_prompts_give_the_same_tokens_run_after_run_with_other_work_bet
         assert again_sync == first and again_async == first
     finally:
         eng.close()
+
+
+def test_sampled_decodes_replay_graphs_captured_at_start_up_and_never_wait_for_a_capture():
+    """Every decode graph (slot x bucket x sampling path) exists once the engine is up: the first temperature or
+    top-k request in a bucket captures nothing and syncs nothing. A greedy request that sets top_k runs the
+    greedy graph and leaves the filtered one alone, so a later sampled request is still sampled."""
+    eng = Engine(EngineConfig(model="tiny-random", device="cuda", dtype="float32", mode="async", num_blocks=256,
+                              max_batch_tokens=256, max_running=16, seed=0))
+    runner = eng._core.runner
+    original_wait = runner.wait
+
+    def allowed_wait(launched):
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return original_wait(launched)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+    try:
+        assert runner.use_graphs, runner.graphs_note
+        assert set(runner.graphs) == set(runner.graph_keys())
+        captured = runner.captures
+        prompts = random_prompts(12, 49152, 3, 30, seed=4)
+        kinds = [SamplingParams(max_new_tokens=10, ignore_eos=True),
+                 SamplingParams(max_new_tokens=10, top_k=40, ignore_eos=True),           # greedy all the same
+                 SamplingParams(max_new_tokens=10, temperature=0.8, seed=1, ignore_eos=True),
+                 SamplingParams(max_new_tokens=10, temperature=0.8, top_k=40, top_p=0.9, seed=2, ignore_eos=True)]
+        outs = {}
+        runner.wait = allowed_wait
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for mode in ("async", "sync"):
+                eng.set_mode(mode)
+                for kind, params in enumerate(kinds):
+                    for n in (1, 3, 12):                                                # three buckets
+                        got = eng.generate(prompts[:n], params)
+                        assert all(o.finish_reason == "length" for o in got), [o.error for o in got]
+                        outs[(mode, kind, n)] = [o.token_ids for o in got]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            runner.wait = original_wait
+        assert runner.captures == captured
+        for mode in ("async", "sync"):
+            for n in (1, 3, 12):
+                assert outs[(mode, 1, n)] == outs[(mode, 0, n)]
+                assert outs[(mode, 2, n)] != outs[(mode, 0, n)] and outs[(mode, 3, n)] != outs[(mode, 0, n)]
+    finally:
+        eng.close()

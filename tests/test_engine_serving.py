@@ -300,3 +300,61 @@ def test_a_reader_whose_event_loop_closed_does_not_fail_the_others_in_its_step(e
     for handle in [long] + mates:
         out = handle.result(timeout=60)
         assert out.finish_reason == "length" and len(out.token_ids) == 40, out.error
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_observers_hear_of_a_step_only_once_the_next_step_is_launched(engine, mode):
+    """Telemetry never delays a launch: step N's trace reaches the observers after step N+1's launch, in both
+    loops. In sync it arrives before the host blocks on N+1, so the observers run while the device computes."""
+    import time
+
+    traces, arrived = {}, {}
+
+    def observe(event):
+        if isinstance(event, StepTrace):
+            traces[event.step], arrived[event.step] = event, time.perf_counter_ns()
+
+    engine.set_mode(mode)
+    engine.add_observer(observe)
+    try:
+        engine.generate([[1, 2, 3], [4, 5, 6, 7]], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    finally:
+        engine.remove_observer(observe)
+    pairs = [(traces[n], traces[n + 1]) for n in traces
+             if n + 1 in traces and traces[n].mode == traces[n + 1].mode == mode]
+    assert len(pairs) >= 5
+    for this, following in pairs:
+        assert following.host["launch"][1] <= arrived[this.step]
+        if mode == "sync":
+            assert arrived[this.step] <= following.host["wait"][0]
+
+
+def test_a_step_failing_after_its_successor_launched_leaves_the_successors_carry_intact(engine, tiny_reference,
+                                                                                      monkeypatch):
+    """Async: step N fails while being consumed, after N+1 was launched with a newcomer's first token in it.
+    Only N's requests fail; the newcomer's next step still gathers that token from N+1's output on the device."""
+    core = engine._core
+    original = core._update
+    armed = {"on": True}
+
+    def fail_once(plan, tokens):
+        ids = {s.req.id for s in plan.seqs}
+        newcomer = core.requests.get("joins-late")
+        if (armed["on"] and "fails-at-update" in ids and "joins-late" not in ids
+                and newcomer is not None and newcomer.num_computed > 0):    # the newcomer is in N+1, launched
+            armed["on"] = False
+            raise RuntimeError("injected fault while consuming")
+        return original(plan, tokens)
+
+    engine.set_mode("async")
+    monkeypatch.setattr(core, "_update", fail_once)
+    victim = engine.submit([1, 2, 3], SamplingParams(max_new_tokens=400, ignore_eos=True),
+                           request_id="fails-at-update")
+    next(iter(victim))                                  # it is decoding now
+    prompt = [4, 5, 6, 7]
+    out = engine.submit(prompt, SamplingParams(max_new_tokens=6, ignore_eos=True),
+                        request_id="joins-late").result(timeout=60)
+    assert not armed["on"], "the fault was never injected"
+    assert victim.result(timeout=60).finish_reason == "error"
+    assert out.finish_reason == "length", out.error
+    assert out.token_ids == reference_generate(tiny_reference, prompt, 6, None)
