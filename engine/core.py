@@ -208,7 +208,7 @@ class EngineCore:
             handle = self.handles.get(req.id)
             if reason is None:
                 if handle is not None and handle.streaming:
-                    handle._push(TokenDelta([tok], ""))
+                    handle.deliver(TokenDelta([tok], ""))
             else:
                 self._finish(req, reason, last_token=tok)
         return delivered
@@ -223,7 +223,7 @@ class EngineCore:
         self.requests.pop(req.id, None)
         if handle is not None:
             toks = [last_token] if last_token is not None and handle.streaming else []
-            handle._push(TokenDelta(toks, "", True, reason, error), req.output())
+            handle.deliver(TokenDelta(toks, "", True, reason, error), req.output())
 
     def fail(self, step: Step, exc: BaseException) -> None:
         """A step raised: its requests fail with the reason; everyone else keeps going. A later step that

@@ -115,8 +115,8 @@ class RequestHandle:
         self._async_targets: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = []
         self._lock = threading.Lock()
 
-    # called on the engine thread
-    def _push(self, delta: TokenDelta, output: RequestOutput | None = None) -> None:
+    def deliver(self, delta: TokenDelta, output: RequestOutput | None = None) -> None:
+        """The engine thread hands this request's next delta (and, with the last one, its output) to its reader."""
         with self._lock:
             if output is not None:
                 self._output = output

@@ -73,6 +73,18 @@ def tiny_reference():
     return load_model(EngineConfig(model="tiny-random", device="cpu", dtype="float32", seed=0)).model
 
 
+@pytest.fixture(scope="module")
+def tiny_engine():
+    """The tiny-random preset on CPU in async mode, one engine per test module. Its cache (3,200 slots) is
+    smaller than the model's context (4,096), so a request that could never fit exists."""
+    from batchscope.engine import Engine
+
+    eng = Engine(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
+                              num_blocks=200, max_batch_tokens=256, max_running=32, seed=0))
+    yield eng
+    eng.close()
+
+
 @pytest.fixture(scope="session")
 def qwen3_checkpoint(tmp_path_factory):
     """A tiny random Qwen3 (grouped KV heads, q/k norms) saved as a local checkpoint, with an EOS token that

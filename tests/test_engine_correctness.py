@@ -9,14 +9,6 @@ from batchscope.engine import Engine, EngineConfig, SamplingParams
 from batchscope.engine.attention import AttentionMetadata, paged_attention_torch
 
 
-@pytest.fixture(scope="module")
-def tiny_engine():
-    eng = Engine(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
-                              num_blocks=256, max_batch_tokens=256, max_running=32, seed=0))
-    yield eng
-    eng.close()
-
-
 @pytest.mark.parametrize("mode", ["sync", "async", "switch"])
 def test_tiny_random_greedy_equals_transformers(tiny_engine, tiny_reference, mode):
     prompts = random_prompts(10, 49152, 1, 70, seed=11)

@@ -12,11 +12,8 @@ from batchscope.engine import ConfigError, Engine, EngineConfig, ModeChange, Sam
 
 
 @pytest.fixture(scope="module")
-def engine():
-    eng = Engine(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
-                              num_blocks=200, max_batch_tokens=128, max_running=16, seed=0))
-    yield eng
-    eng.close()
+def engine(tiny_engine):
+    return tiny_engine
 
 
 @pytest.fixture(scope="module")
