@@ -1,7 +1,9 @@
-"""Running load tests: bursts and sync-vs-async A/B comparisons on background threads, and their results.
+"""Running load tests on background threads, and their results: bursts, sync-vs-async A/B comparisons, and
+continuous loads that run until stopped (or until their bounds).
 
-Requests are submitted and streamed from one asyncio loop on the burst's own thread, and timed there
-(app/loadgen.py plans the burst and computes the metrics).
+Requests are submitted and streamed from one asyncio loop on the run's own thread, and timed there
+(app/loadgen.py plans the requests and computes the metrics). Mode switches made through the server go through
+`BurstManager.set_mode`, which refuses them while an A/B runs: each half must run in one mode.
 """
 from __future__ import annotations
 
@@ -9,74 +11,26 @@ import asyncio
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from batchscope.engine.config import SamplingParams
 
 from .errors import BusyError
-from .loadgen import PlannedRequest, RequestTiming, burst_metrics, plan_burst
-from .schemas import ABStatus, BurstList, BurstResults, BurstSpec, BurstStatus, Limits, Mode, RunState
+from .loadgen import PlannedRequest, RequestTiming, burst_metrics, plan_burst, request_stream
+from .runs import ABRun, Burst, InFlight, LoadRun, ModeLocked
+from .schemas import ABStatus, BurstList, BurstResults, BurstSpec, BurstStatus, Limits, LoadSpec, LoadStatus, Mode
 
-MAX_KEPT_BURSTS = 100               # finished bursts (A/B halves included) and, separately, A/B runs kept to read
+__all__ = ["BurstManager", "ModeLocked"]
+
+MAX_KEPT_BURSTS = 100               # finished bursts (A/B halves included), A/B runs and loads kept to read, each
 CANCEL_POLL_S = 0.05                # how often a request waiting for its arrival time looks for a cancel
 MAX_ERRORS_REPORTED = 5
-
-
-@dataclass
-class Burst:
-    id: str
-    spec: BurstSpec                     # settled: lengths and seed known
-    state: RunState = "running"
-    done: int = 0
-    total: int = 0
-    results: BurstResults | None = None
-    error: str | None = None
-    created: float = field(default_factory=time.time)
-    mode: Mode | None = None            # the engine mode when the burst started
-    cancel: threading.Event = field(default_factory=threading.Event)
-    # requests in flight, so that a cancel reaches those that have not streamed a token yet
-    handles: set = field(default_factory=set, repr=False)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def stop(self) -> None:
-        """Cancel from any thread: nothing more is sent, and what is in flight is cancelled in the engine."""
-        with self.lock:
-            self.cancel.set()
-            handles = list(self.handles)
-        for h in handles:
-            h.cancel()
-
-    def status(self) -> BurstStatus:
-        return BurstStatus(id=self.id, state=self.state, done=self.done, total=self.total, mode=self.mode,
-                           spec=self.spec, results=self.results, error=self.error)
-
-
-@dataclass
-class ABRun:
-    id: str
-    spec: BurstSpec
-    state: RunState = "running"
-    phase: Mode | None = None           # the half running now
-    sync: Burst | None = None
-    async_: Burst | None = None
-    speedup: float | None = None
-    error: str | None = None
-    created: float = field(default_factory=time.time)
-
-    def status(self) -> ABStatus:
-        halves = [b for b in (self.sync, self.async_) if b is not None]
-        return ABStatus(id=self.id, state=self.state, phase=self.phase, spec=self.spec,
-                        done=sum(b.done for b in halves), total=2 * self.spec.num_requests,
-                        sync=self.sync.results if self.sync else None,
-                        async_=self.async_.results if self.async_ else None,
-                        sync_burst=self.sync.id if self.sync else None,
-                        async_burst=self.async_.id if self.async_ else None,
-                        speedup=self.speedup, error=self.error)
+LOAD_GIVE_UP_AFTER = 16             # a load whose first this-many requests all fail stops: it would only spin
+LOAD_STOP_WAIT_S = 5.0              # POST /api/load/{id}/stop waits this long for the load to wind down
 
 
 class BurstManager:
-    """Runs bursts and A/B comparisons on background threads and keeps their results (the last `keep` of each;
-    `dropped` counts those forgotten).
+    """Runs bursts, A/B comparisons and continuous loads on background threads and keeps their results (the last
+    `keep` of each kind; `dropped` counts those forgotten).
 
     `engine` needs submit(prompt_ids, SamplingParams) -> handle with astream() and cancel(), set_mode() and mode;
     its `info["max_model_len"]`, when it has one, bounds a burst's lengths.
@@ -93,9 +47,10 @@ class BurstManager:
         self._lock = threading.Lock()
         self._bursts: dict[str, Burst] = {}
         self._abs: dict[str, ABRun] = {}
+        self._loads: dict[str, LoadRun] = {}
         self._threads: list[threading.Thread] = []
         self._closed = False
-        self.dropped = {"bursts": 0, "ab": 0}
+        self.dropped = {"bursts": 0, "ab": 0, "loads": 0}
 
     # -- public
     def start_burst(self, spec: BurstSpec) -> str:
@@ -117,6 +72,28 @@ class BurstManager:
         self._spawn(self._run_ab_thread, ab)
         return ab.id
 
+    def start_load(self, spec: LoadSpec) -> str:
+        spec = self._settle(spec)
+        with self._lock:
+            self._admit_load()
+            run = LoadRun(id=_new_id("load"), spec=spec, mode=getattr(self.engine, "mode", None))
+            self._loads[run.id] = run
+            self._trim(self._loads, "loads")
+        self._spawn(self._run_load_thread, run)
+        return run.id
+
+    def stop_load(self, load_id: str) -> LoadStatus:
+        """Stop a load (a finished one is left as it is) and say where it stands: ended, unless cancelling what it
+        has in flight takes longer than LOAD_STOP_WAIT_S."""
+        with self._lock:
+            run = self._loads.get(load_id)
+        if run is None:
+            raise KeyError(f"no load with id {load_id!r}")
+        if run.state == "running":
+            run.stop("stopped")
+            run.ended.wait(LOAD_STOP_WAIT_S)
+        return run.status(self.engine.mode)
+
     def burst(self, burst_id: str) -> BurstStatus:
         with self._lock:
             b = self._bursts.get(burst_id)
@@ -131,6 +108,18 @@ class BurstManager:
                 raise KeyError(f"no A/B run with id {ab_id!r}")
             return a.status()
 
+    def load(self, load_id: str) -> LoadStatus:
+        with self._lock:
+            run = self._loads.get(load_id)
+        if run is None:
+            raise KeyError(f"no load with id {load_id!r}")
+        return run.status(self.engine.mode)
+
+    def running_load(self) -> str | None:
+        """The id of the continuous load running now, if any (there is at most one)."""
+        with self._lock:
+            return next((r.id for r in self._loads.values() if r.state == "running"), None)
+
     def running(self) -> int:
         with self._lock:
             return self._running_count()
@@ -143,15 +132,48 @@ class BurstManager:
     def status(self) -> dict:
         with self._lock:
             return {"running": self._running_count(), "kept_bursts": len(self._bursts), "kept_ab": len(self._abs),
-                    "max_kept": self.keep, "dropped": dict(self.dropped)}
+                    "loads_running": sum(r.state == "running" for r in self._loads.values()),
+                    "kept_loads": len(self._loads), "max_kept": self.keep, "dropped": dict(self.dropped)}
+
+    # -- the mode, guarded
+    def mode_lock(self) -> str | None:
+        """Why the mode may not be switched now (an A/B runs), or None."""
+        with self._lock:
+            return self._mode_lock()
+
+    def _mode_lock(self) -> str | None:
+        ab = next((a for a in self._abs.values() if a.state == "running"), None)
+        if ab is None:
+            return None
+        where = f"its {ab.phase} half" if ab.phase else "its warm-up"
+        return (f"an A/B comparison ({ab.id}) is running ({where}) and sets the mode itself: a switch now would "
+                "spoil it. The toggle comes back when it ends")
+
+    def set_mode(self, mode: Mode) -> Mode | None:
+        """Switch the engine's mode for a user of the server; ModeLocked while an A/B runs. Running loads note the
+        switch. Returns the mode before."""
+        with self._lock:            # an A/B cannot start between the check and the switch
+            reason = self._mode_lock()
+            if reason:
+                raise ModeLocked(reason)
+            previous = self.engine.mode
+            self.engine.set_mode(mode)
+            loads = [r for r in self._loads.values() if r.state == "running"]
+        for run in loads:
+            run.note_mode(previous, mode)
+        return previous
 
     def cancel_all(self) -> None:
-        """Refuse new bursts and cancel what runs, without waiting (safe from a signal handler)."""
+        """Refuse new runs and cancel what runs, without waiting (safe from a signal handler)."""
         with self._lock:
             self._closed = True
             bursts = list(self._bursts.values())
+            loads = list(self._loads.values())
         for b in bursts:
             b.stop()
+        for run in loads:
+            if run.state == "running":
+                run.stop("shutdown")
 
     def close(self, timeout: float = 10.0) -> None:
         """Cancel what runs and wait for the threads (so the engine can be closed after); `timeout` bounds the
@@ -162,7 +184,7 @@ class BurstManager:
             t.join(max(0.0, deadline - time.monotonic()))
 
     # -- admission
-    def _settle(self, spec: BurstSpec) -> BurstSpec:
+    def _settle(self, spec: BurstSpec | LoadSpec) -> BurstSpec | LoadSpec:
         max_model_len = (getattr(self.engine, "info", None) or {}).get("max_model_len")
         return spec.within(self.limits, max_model_len)
 
@@ -170,16 +192,32 @@ class BurstManager:
         return (sum(b.state == "running" for b in self._bursts.values())
                 + sum(a.state == "running" for a in self._abs.values()))
 
+    def _running_ab(self) -> ABRun | None:
+        return next((a for a in self._abs.values() if a.state == "running"), None)
+
     def _admit(self, ab: bool) -> None:
         if self._closed:
             raise BusyError("the server is shutting down")
-        if any(a.state == "running" for a in self._abs.values()):
+        if self._running_ab() is not None:
             raise BusyError("an A/B comparison is running; it needs the engine to itself until it ends")
+        load = next((r for r in self._loads.values() if r.state == "running"), None)
+        if ab and load is not None:
+            raise BusyError(f"continuous load {load.id} is running; stop it first: an A/B comparison needs the "
+                            "engine to itself")
         n = self._running_count()
         if ab and n:
             raise BusyError(f"{n} burst(s) still running; an A/B comparison needs the engine to itself")
         if n >= self.limits.max_concurrent_bursts:
             raise BusyError(f"{n} bursts already running (limit {self.limits.max_concurrent_bursts})")
+
+    def _admit_load(self) -> None:
+        if self._closed:
+            raise BusyError("the server is shutting down")
+        if self._running_ab() is not None:
+            raise BusyError("an A/B comparison is running; it needs the engine to itself until it ends")
+        load = next((r for r in self._loads.values() if r.state == "running"), None)
+        if load is not None:
+            raise BusyError(f"continuous load {load.id} is already running; stop it first (one at a time)")
 
     def _trim(self, table: dict, kind: str) -> None:
         excess = len(table) - self.keep
@@ -196,7 +234,7 @@ class BurstManager:
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
         t.start()
 
-    # -- the work
+    # -- bursts and A/B
     def _run_burst_thread(self, burst: Burst) -> None:
         try:
             self._run_burst(burst)
@@ -205,12 +243,13 @@ class BurstManager:
 
     def _run_ab_thread(self, ab: ABRun) -> None:
         original = self.engine.mode
+        state, error = "error", None
         try:
             self._warm_up()
             for mode in ("sync", "async"):
                 ab.phase = mode
                 self.engine.set_mode(mode)
-                burst = Burst(id=_new_id("b"), spec=ab.spec, total=ab.spec.num_requests)
+                burst = Burst(id=_new_id("b"), spec=ab.spec, total=ab.spec.num_requests, expect_mode=mode)
                 setattr(ab, "sync" if mode == "sync" else "async_", burst)
                 with self._lock:
                     if self._closed:            # closed between the halves: do not start the next
@@ -223,15 +262,17 @@ class BurstManager:
             s, a = ab.sync.results, ab.async_.results
             if s.output_tokens_per_s > 0:
                 ab.speedup = a.output_tokens_per_s / s.output_tokens_per_s
-            ab.state = "done"
+            state = "done"
         except Exception as e:
-            ab.error, ab.state = f"{e}", "error"
+            error = f"{e}"
         finally:
             ab.phase = None
             try:
                 self.engine.set_mode(original)
             except Exception:
                 pass
+            # only now does the lock go: a switch made as soon as it is allowed must not be undone by ours
+            ab.error, ab.state = error, state
 
     def _warm_up(self) -> None:
         """A few tokens in each mode first, so the first half of an A/B does not pay for a cold engine."""
@@ -258,7 +299,7 @@ class BurstManager:
                                busy_pct=window.get("busy_pct") if window else None, telemetry=window,
                                window_us=(t0_us, t1_us) if window is not None else None)
         burst.results = results
-        if burst.cancel.is_set():
+        if burst.flight.cancel.is_set():
             burst.error, burst.state = "cancelled", "error"
         elif results.completed == 0:
             burst.error, burst.state = "; ".join(errors) or "no request completed", "error"
@@ -266,53 +307,122 @@ class BurstManager:
             burst.state = "done"
 
     async def _drive(self, burst: Burst, plan: list[PlannedRequest]):
-        start_ns = time.perf_counter_ns()
+        start_ns = burst.start_ns = time.perf_counter_ns()
         timings = await asyncio.gather(*(self._one(burst, p, start_ns) for p in plan))
         return timings, start_ns, time.perf_counter_ns()
 
     async def _one(self, burst: Burst, p: PlannedRequest, start_ns: int) -> RequestTiming:
         # a late arrival (poisson, gamma) waits in short sleeps, so that a cancel is not held up by it
-        while not burst.cancel.is_set():
-            delay = p.offset_s - (time.perf_counter_ns() - start_ns) / 1e9
-            if delay <= 0:
-                break
-            await asyncio.sleep(min(delay, CANCEL_POLL_S))
-        t = RequestTiming(sent_ns=time.perf_counter_ns(), prompt_tokens=len(p.prompt))
-        handle = None
-        try:
-            if burst.cancel.is_set():
-                raise RuntimeError("cancelled")
-            params = SamplingParams(max_new_tokens=p.max_new_tokens, temperature=burst.spec.temperature,
-                                    seed=p.seed, ignore_eos=burst.spec.ignore_eos)
-            handle = self.engine.submit(p.prompt, params)
-            with burst.lock:
-                burst.handles.add(handle)
-                cancelled = burst.cancel.is_set()
-            if cancelled:                   # stop() ran between the submit and the add
-                handle.cancel()
-            await self._follow(burst, handle, t)
-        except Exception as e:          # one bad request is counted, the burst goes on
-            t.error = f"{type(e).__name__}: {e}"
-        finally:
-            if handle is not None:
-                with burst.lock:
-                    burst.handles.discard(handle)
+        await _sleep_until(burst.flight, start_ns + int(p.offset_s * 1e9))
+        t = await self._send(burst, p)
         burst.done += 1
         return t
 
+    # -- continuous loads
+    def _run_load_thread(self, run: LoadRun) -> None:
+        try:
+            asyncio.run(self._drive_load(run))
+        except Exception as e:  # a crashed load must report, not vanish
+            run.error = f"{type(e).__name__}: {e}"
+            run.stop("error")
+        finally:
+            run.end_ns = time.perf_counter_ns()
+            if run.stop_reason is None:
+                run.stop_reason = "stopped"
+            mode = run.mode if not run.mode_changes else None      # a load that spanned switches has no one mode
+            run.results = BurstResults(**run.tally.results(run.start_ns, run.end_ns), mode=mode)
+            run.state = "error" if run.stop_reason == "error" else "done"
+            run.ended.set()
+
+    async def _drive_load(self, run: LoadRun) -> None:
+        """Send requests until the load is stopped, reaches its request bound (then let those in flight finish)
+        or its duration bound (then cancel them)."""
+        spec, plan = run.spec, request_stream(run.spec, self.vocab_size)
+        deadline_ns = run.start_ns + int(spec.duration_s * 1e9)
+        watchdog = asyncio.create_task(self._load_deadline(run, deadline_ns))
+        if spec.kind == "concurrency":
+            async def worker():
+                while run.take():
+                    await self._load_request(run, next(plan))
+            await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
+        else:
+            sent = set()
+            for p in plan:
+                if not await _sleep_until(run.flight, run.start_ns + int(p.offset_s * 1e9)):
+                    break
+                # an open-loop load faster than the engine would pile up without end: past the cap, arrivals
+                # are counted as skipped rather than sent
+                if run.in_flight >= self.limits.max_load_concurrency:
+                    run.skipped += 1
+                    continue
+                if not run.take():
+                    break
+                task = asyncio.create_task(self._load_request(run, p))
+                sent.add(task)
+                task.add_done_callback(sent.discard)
+            await asyncio.gather(*list(sent))
+        watchdog.cancel()
+
     @staticmethod
-    async def _follow(burst: Burst, handle, t: RequestTiming) -> None:
+    async def _load_deadline(run: LoadRun, deadline_ns: int) -> None:
+        if await _sleep_until(run.flight, deadline_ns):
+            run.stop("duration")
+
+    async def _load_request(self, run: LoadRun, p: PlannedRequest) -> None:
+        run.in_flight += 1
+        try:
+            t = await self._send(run, p)
+        finally:
+            run.in_flight -= 1
+        cancelled = not t.ok and run.flight.cancel.is_set()
+        run.tally.finished(t, cancelled=cancelled)
+        if not t.ok and not cancelled and run.tally.completed == 0 and run.tally.failed >= LOAD_GIVE_UP_AFTER:
+            run.error = f"the first {run.tally.failed} requests all failed: {t.error}"
+            run.stop("error")
+
+    # -- one request, for all kinds of run
+    async def _send(self, run: Burst | LoadRun, p: PlannedRequest) -> RequestTiming:
+        t = RequestTiming(sent_ns=time.perf_counter_ns(), prompt_tokens=len(p.prompt))
+        handle = None
+        try:
+            if run.flight.cancel.is_set():
+                raise RuntimeError("cancelled")
+            params = SamplingParams(max_new_tokens=p.max_new_tokens, temperature=run.spec.temperature,
+                                    seed=p.seed, ignore_eos=run.spec.ignore_eos)
+            handle = self.engine.submit(p.prompt, params)
+            run.flight.add(handle)
+            await self._follow(run, handle, t)
+        except Exception as e:          # one bad request is counted, the run goes on
+            t.error = f"{type(e).__name__}: {e}"
+        finally:
+            if handle is not None:
+                run.flight.discard(handle)
+        return t
+
+    async def _follow(self, run: Burst | LoadRun, handle, t: RequestTiming) -> None:
         """Time each chunk of tokens as it arrives, until the request finishes."""
         async for d in handle.astream():
             now = time.perf_counter_ns()
             if d.token_ids:
                 t.chunks.append((now, len(d.token_ids)))
+            run.on_chunk(now, len(d.token_ids), getattr(self.engine, "mode", None))
             if d.finished:
                 t.finish_ns, t.finish_reason, t.error = now, d.finish_reason, d.error
-            elif burst.cancel.is_set():
+            elif run.flight.cancel.is_set():
                 handle.cancel()
         if t.finish_reason in ("error", "cancelled") and not t.error:
             t.error = t.finish_reason
+
+
+async def _sleep_until(flight: InFlight, t_ns: int) -> bool:
+    """Sleep until perf_counter_ns reaches t_ns, in short naps so that a cancel is not held up; False if the run
+    was cancelled first."""
+    while not flight.cancel.is_set():
+        delay = (t_ns - time.perf_counter_ns()) / 1e9
+        if delay <= 0:
+            return True
+        await asyncio.sleep(min(delay, CANCEL_POLL_S))
+    return False
 
 
 def _new_id(prefix: str) -> str:

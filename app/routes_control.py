@@ -1,12 +1,13 @@
 """/api: the engine itself — health, status, the live mode switch, and one generation."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from .bursts import ModeLocked
 from .deps import State
-from .schemas import GenerateBody, Health, ModeBody, ModeChanged, Status
+from .schemas import GenerateBody, Health, ModeBody, ModeChanged, ModeLock, Status
 from .streaming import final_outputs, sse_stream
 
 router = APIRouter(prefix="/api", tags=["control"])
@@ -22,9 +23,18 @@ def status(state: State) -> Status:
     return state.status()
 
 
-@router.post("/mode")
+@router.post("/mode", responses={409: {"description": "an A/B comparison is running: the mode is locked"}})
 def set_mode(body: ModeBody, state: State) -> ModeChanged:
-    return state.set_mode(body.mode)
+    try:
+        return state.set_mode(body.mode)
+    except ModeLocked as e:     # the request is fine, the moment is not: a conflict, with the reason
+        raise HTTPException(409, str(e)) from None
+
+
+@router.get("/mode")
+def mode(state: State) -> ModeLock:
+    """The mode, and whether a switch would be refused now and why (the page greys its toggle out)."""
+    return state.mode_lock()
 
 
 @router.post("/generate")

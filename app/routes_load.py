@@ -1,10 +1,12 @@
-"""/api: load tests — bursts of synthetic requests, and the same burst A/B in sync then async."""
+"""/api: load tests — bursts of synthetic requests, the same burst A/B in sync then async, and continuous loads
+that run until stopped (or until their bounds)."""
 from __future__ import annotations
 
 from fastapi import APIRouter
 
 from .deps import State
-from .schemas import ABStatus, BurstList, BurstSpec, BurstStatus, StartedAB, StartedBurst
+from .schemas import (ABStatus, BurstList, BurstSpec, BurstStatus, LoadSpec, LoadStatus, StartedAB, StartedBurst,
+                      StartedLoad)
 
 router = APIRouter(prefix="/api", tags=["load"])
 
@@ -32,3 +34,18 @@ def start_ab(spec: BurstSpec, state: State) -> StartedAB:
 @router.get("/ab/{ab_id}")
 def ab_status(ab_id: str, state: State) -> ABStatus:
     return state.ab_status(ab_id)
+
+
+@router.post("/load")
+def start_load(spec: LoadSpec, state: State) -> StartedLoad:
+    return StartedLoad(load_id=state.start_load(spec))
+
+
+@router.get("/load/{load_id}")
+def load_status(load_id: str, state: State) -> LoadStatus:
+    return state.load_status(load_id)
+
+
+@router.post("/load/{load_id}/stop")
+def stop_load(load_id: str, state: State) -> LoadStatus:
+    return state.stop_load(load_id)

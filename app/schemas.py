@@ -12,7 +12,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 Mode = Literal["sync", "async"]                     # the engine's two loops (engine.config.MODES)
-RunState = Literal["running", "done", "error"]      # a burst's or an A/B run's; "running" is the only live one
+RunState = Literal["running", "done", "error"]      # a burst's, an A/B run's or a load's; only "running" is live
+# why a continuous load ended: asked to, one of its bounds, the server going down, or a failure
+LoadStopReason = Literal["stopped", "duration", "max_requests", "shutdown", "error"]
 DEFAULT_LENGTHS = (32, 128)                         # a burst's prompt and output lengths when the caller is silent
 
 
@@ -27,6 +29,10 @@ class Limits(BaseModel):
     max_burst_requests: int = 256
     max_concurrent_bursts: int = 2
     max_waiting_requests: int = 1024    # engine queue depth beyond which new API requests are refused
+    # a continuous load (POST /api/load) ends by itself at the first of these, so none runs on unattended
+    max_load_duration_s: float = 600.0
+    max_load_requests: int = 20_000
+    max_load_concurrency: int = 256     # also the most requests a "rate" load keeps in flight
 
 
 # ------------------------------------------------------------------------------------------------- requests
@@ -53,17 +59,12 @@ class RecordingBody(Body):
     name: str | None = None
 
 
-class BurstSpec(Body):
-    """One burst of synthetic requests: POST /api/burst and /api/ab, and the page's load-test panel.
-    `within(limits)` checks it against the server's caps and fills in what the caller left out."""
-    num_requests: int = Field(16, ge=1)
+class RequestShape(Body):
+    """What each synthetic request looks like: shared by bursts, A/B runs and continuous loads."""
     prompt_tokens: tuple[int, int] | None = None    # [min, max] or one fixed length; None: DEFAULT_LENGTHS
     max_new_tokens: tuple[int, int] | None = None
-    arrival: Literal["burst", "poisson", "gamma"] = "burst"
-    rate: float = Field(8.0, gt=0, le=10_000)       # requests/s for poisson and gamma
-    burstiness: float = Field(1.0, gt=0, le=100)    # gamma shape: 1 is poisson, < 1 burstier, > 1 more regular
     ignore_eos: StrictBool = True                   # fixed output lengths make runs comparable
-    seed: int | None = Field(None, ge=0)            # None: one is drawn and reported, so the burst can be re-run
+    seed: int | None = Field(None, ge=0)            # None: one is drawn and reported, so the run can be repeated
     temperature: float = Field(0.0, ge=0, le=2)
 
     @field_validator("prompt_tokens", "max_new_tokens", mode="before")
@@ -85,18 +86,55 @@ class BurstSpec(Body):
                 raise ValueError(f"min {v[0]} is greater than max {v[1]}")
         return v
 
-    def within(self, limits: Limits, max_model_len: int | None = None) -> BurstSpec:
-        """This spec with its lengths and seed settled, or ValueError over a cap (a 400, not a 429). A length
-        the caller left out is cut to the limit: a default must not trip a limit the caller cannot see."""
-        if self.num_requests > limits.max_burst_requests:
-            raise ValueError(f"num_requests {self.num_requests} is over the limit of {limits.max_burst_requests}")
+    def _settled(self, limits: Limits, max_model_len: int | None) -> dict:
+        """Lengths cut to the limits and a seed: the fields `within` fills in. A length the caller left out is cut
+        to the limit: a default must not trip a limit the caller cannot see."""
         prompt = _capped("prompt_tokens", self.prompt_tokens, limits.max_prompt_tokens)
         new = _capped("max_new_tokens", self.max_new_tokens, limits.max_new_tokens)
         if max_model_len and prompt[1] + new[1] > max_model_len:
             raise ValueError(f"prompt_tokens max plus max_new_tokens max ({prompt[1] + new[1]}) exceeds the model's "
                              f"context of {max_model_len} tokens")
         seed = self.seed if self.seed is not None else random.SystemRandom().randrange(2**31)
-        return self.model_copy(update={"prompt_tokens": prompt, "max_new_tokens": new, "seed": seed})
+        return {"prompt_tokens": prompt, "max_new_tokens": new, "seed": seed}
+
+
+class BurstSpec(RequestShape):
+    """One burst of synthetic requests: POST /api/burst and /api/ab, and the page's load-test panel.
+    `within(limits)` checks it against the server's caps and fills in what the caller left out."""
+    num_requests: int = Field(16, ge=1)
+    arrival: Literal["burst", "poisson", "gamma"] = "burst"
+    rate: float = Field(8.0, gt=0, le=10_000)       # requests/s for poisson and gamma
+    burstiness: float = Field(1.0, gt=0, le=100)    # gamma shape: 1 is poisson, < 1 burstier, > 1 more regular
+
+    def within(self, limits: Limits, max_model_len: int | None = None) -> BurstSpec:
+        """This spec with its lengths and seed settled, or ValueError over a cap (a 400, not a 429)."""
+        if self.num_requests > limits.max_burst_requests:
+            raise ValueError(f"num_requests {self.num_requests} is over the limit of {limits.max_burst_requests}")
+        return self.model_copy(update=self._settled(limits, max_model_len))
+
+
+class LoadSpec(RequestShape):
+    """A continuous load: POST /api/load. Requests keep coming, at a steady `rate` (kind "rate") or with
+    `concurrency` always in flight (kind "concurrency"), until stopped or until a bound: `duration_s` and
+    `max_requests`, each at most the server's limit (the default), so that a load nobody stops still ends."""
+    kind: Literal["rate", "concurrency"] = "concurrency"
+    concurrency: int = Field(8, ge=1)               # kind "concurrency": requests kept in flight
+    rate: float = Field(2.0, gt=0, le=1000)         # kind "rate": requests/s
+    arrival: Literal["poisson", "constant"] = "poisson"     # kind "rate": exponential or even gaps
+    duration_s: float | None = Field(None, gt=0)    # None: the server's max_load_duration_s
+    max_requests: int | None = Field(None, ge=1)    # None: the server's max_load_requests
+
+    def within(self, limits: Limits, max_model_len: int | None = None) -> LoadSpec:
+        """This spec with its lengths, seed and bounds settled, or ValueError over a cap."""
+        if self.kind == "concurrency" and self.concurrency > limits.max_load_concurrency:
+            raise ValueError(f"concurrency {self.concurrency} is over the limit of {limits.max_load_concurrency}")
+        if self.duration_s is not None and self.duration_s > limits.max_load_duration_s:
+            raise ValueError(f"duration_s {self.duration_s:g} is over the limit of {limits.max_load_duration_s:g} s")
+        if self.max_requests is not None and self.max_requests > limits.max_load_requests:
+            raise ValueError(f"max_requests {self.max_requests} is over the limit of {limits.max_load_requests}")
+        bounds = {"duration_s": self.duration_s or limits.max_load_duration_s,
+                  "max_requests": self.max_requests or limits.max_load_requests}
+        return self.model_copy(update={**self._settled(limits, max_model_len), **bounds})
 
 
 def _capped(name: str, lengths: tuple[int, int] | None, limit: int) -> tuple[int, int]:
@@ -142,6 +180,8 @@ class Status(Health, EngineCounters):
     nvml_reason: str | None = None
     info: dict[str, Any] | None = None          # the engine's description of itself (model shapes, kernels...)
     bursts_running: int = 0
+    loads_running: int = 0                      # continuous loads (POST /api/load)
+    mode_lock: str | None = None                # why POST /api/mode is refused now (an A/B runs), if it is
     bursts: dict[str, Any] | None = None        # how many bursts run and are kept
     recording: str | None = None                # the named recording running, if any
     inflight: int | None = None                 # requests submitted through this server and not finished
@@ -153,6 +193,21 @@ class Status(Health, EngineCounters):
 class ModeChanged(BaseModel):
     mode: Mode
     previous: Mode
+
+
+class ModeLock(BaseModel):
+    """GET /api/mode: the engine's mode and whether POST /api/mode is refused now (409) and why."""
+    mode: Mode | None
+    locked: bool
+    reason: str | None = None
+
+
+class ModeChangeNote(BaseModel):
+    """A mode switch seen while a run was going on."""
+    t_s: float                                  # seconds after the run started
+    previous: Mode | None
+    mode: Mode
+    phase: Mode | None = None                   # an A/B's half running when it happened
 
 
 class LatencyStats(BaseModel):
@@ -210,6 +265,12 @@ class ABStatus(BaseModel):
     async_burst: str | None
     speedup: float | None                       # async over sync output tokens/s
     error: str | None
+    requests_per_half: int = 0                  # `total` counts both halves; each half sends this many
+    half_done: int = 0                          # requests finished in the half running now (or the last one)
+    # the mode is locked while an A/B runs (POST /api/mode is a 409), so these stay empty unless the engine was
+    # switched behind the server's back; then `valid` is false: the halves did not each run in one mode
+    mode_changes: list[ModeChangeNote] = []
+    valid: bool = True
 
 
 class BurstList(BaseModel):
@@ -225,6 +286,41 @@ class StartedBurst(BaseModel):
 
 class StartedAB(BaseModel):
     ab_id: str
+
+
+class StartedLoad(BaseModel):
+    load_id: str
+
+
+class LoadRecent(BaseModel):
+    """What the last `window_s` seconds of a continuous load looked like: what a presenter reads after a toggle."""
+    window_s: float
+    completed: int
+    output_tokens_per_s: float
+    requests_per_s: float
+    ttft_ms_p50: float | None
+    e2e_ms_p50: float | None
+
+
+class LoadStatus(BaseModel):
+    id: str
+    state: RunState
+    stop_reason: LoadStopReason | None          # None while it runs
+    spec: LoadSpec                              # settled: lengths, seed and both bounds known
+    mode: Mode | None                           # the engine's mode now
+    elapsed_s: float
+    remaining_s: float                          # until its duration bound
+    sent: int
+    completed: int
+    failed: int
+    cancelled: int                              # in flight when it was stopped
+    skipped: int                                # kind "rate": arrivals not sent, max_load_concurrency in flight
+    in_flight: int
+    output_tokens: int
+    recent: LoadRecent
+    mode_changes: list[ModeChangeNote]          # switches made while it ran (it carries on through them)
+    results: BurstResults | None                # the whole run, once it has ended (latencies from a sample)
+    error: str | None
 
 
 class RecordingInfo(BaseModel):

@@ -4,7 +4,7 @@ knows (its limits, its load, whether it is shutting down). The engine checks pro
 
 Errors speak for themselves (app/errors.py): ValueError (bad input or over a cap, 400), BusyError (at capacity,
 429), NotFoundError (404), NoEngineError (replay-only, 409), ShuttingDownError (503), telemetry.TimelineError (a
-malformed timeline, 400).
+malformed timeline, 400); bursts.ModeLocked (a mode switch during an A/B, 409 from routes_control).
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from batchscope.telemetry.session import engine_counters
 from .bursts import BurstManager
 from .errors import BusyError, NoEngineError, NotFoundError, ShuttingDownError
 from .replay import MAX_JSON_DEPTH, MAX_REPLAY_BYTES, accept_timeline, read_timeline_file
-from .schemas import (ABStatus, BurstList, BurstSpec, BurstStatus, Health, Limits, Mode, ModeChanged, RecordingCaps,
-                      RecordingInfo, Recordings, RecordingStarted, RecordingStopped, ReplayLoaded, Status)
+from .schemas import (ABStatus, BurstList, BurstSpec, BurstStatus, Health, Limits, LoadSpec, LoadStatus, Mode,
+                      ModeChanged, ModeLock, RecordingCaps, RecordingInfo, Recordings, RecordingStarted,
+                      RecordingStopped, ReplayLoaded, Status)
 
 DEFAULT_NEW_TOKENS = 128           # when a caller does not say (capped by the limit)
 RECORDING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -140,16 +141,23 @@ class AppState:
         return Status(**base, **engine_counters(self.engine.stats()),
                       dtype=info.get("dtype"), gpu_name=info.get("gpu_name") or tel.get("gpu_name"), info=info,
                       bursts_running=self.bursts.running(), bursts=self.bursts.status(), recording=self._recording,
+                      loads_running=1 if self.bursts.running_load() else 0, mode_lock=self.bursts.mode_lock(),
                       inflight=self._inflight_count(), max_inflight=self.max_inflight, telemetry=tel or None,
                       recordings=tel.get("recordings"), nvml_available=bool(tel.get("nvml")),
                       nvml_reason=tel.get("nvml_reason"), busy_note=tel.get("busy_note") or BUSY_NOTE)
 
     def set_mode(self, mode: Mode) -> ModeChanged:
-        """Switch loops at the next step boundary (the engine refuses a mode it does not have)."""
-        eng = self._need_engine()
-        previous = eng.mode
-        eng.set_mode(mode)
+        """Switch loops at the next step boundary (the engine refuses a mode it does not have). Raises
+        bursts.ModeLocked while an A/B runs."""
+        self._need_engine()
+        previous = self.bursts.set_mode(mode)
         return ModeChanged(mode=mode, previous=previous)
+
+    def mode_lock(self) -> ModeLock:
+        if self.engine is None:
+            return ModeLock(mode=None, locked=True, reason="replay-only: no engine to switch")
+        reason = self.bursts.mode_lock()
+        return ModeLock(mode=self.engine.mode, locked=reason is not None, reason=reason)
 
     # ------------------------------------------------------------------------------------------- generating
     def encode(self, prompt: str | list[int], chat: bool | None = False) -> list[int]:
@@ -291,6 +299,28 @@ class AppState:
             return self.bursts.ab(ab_id)
         except KeyError as e:
             raise NotFoundError(e.args[0]) from None
+
+    def start_load(self, spec: LoadSpec) -> str:
+        self._need_engine()
+        self._refuse_when_shutting_down()
+        return self.bursts.start_load(spec)
+
+    def load_status(self, load_id: str) -> LoadStatus:
+        self._need_engine()
+        try:
+            return self.bursts.load(load_id)
+        except KeyError as e:
+            raise NotFoundError(e.args[0]) from None
+
+    def stop_load(self, load_id: str) -> LoadStatus:
+        self._need_engine()
+        try:
+            return self.bursts.stop_load(load_id)
+        except KeyError as e:
+            raise NotFoundError(e.args[0]) from None
+
+    def running_load(self) -> str | None:
+        return self.bursts.running_load() if self.bursts is not None else None
 
     def list_bursts(self) -> BurstList:
         if self.bursts is None:

@@ -3,15 +3,17 @@
 The server mounts it with `gr.mount_gradio_app(app, build_ui(state), path="/", head=HEAD, css=CSS)`.
 Split of work:
 - Python handlers (here) call AppState for what has a beginning and an end: a streamed generation, a burst,
-  an A/B run. Gradio's queue streams their progress back. app/ui_html.py renders the HTML they show.
+  an A/B run, a continuous load. Gradio's queue streams their progress back. app/ui_html.py and app/ui_load.py
+  render the HTML they show. Each handler's first update clears what the last attempt left (an old error) and
+  marks its button busy; its last one gives the button back.
 - assets/js owns everything live: the websocket feed, the charts, the mode toggle (so the page always shows the
   engine's mode, also when someone switches it through the API), downloads, recordings and replay.
 With `state.engine is None` (`batchscope replay FILE`) the live controls are disabled and the charts show the replay.
 """
 from __future__ import annotations
 
-import html
 import os
+import threading
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -23,9 +25,9 @@ import gradio as gr  # noqa: E402  (the environment variable must be set before 
 from pydantic import ValidationError  # noqa: E402
 
 from .errors import validation_reason  # noqa: E402
-from .schemas import BurstSpec, Limits  # noqa: E402
-from .ui_html import (ab_html, gen_info_html, header_html, progress_html, replay_html,  # noqa: E402
-                      results_html, scope_html)
+from .schemas import BurstSpec, Limits, LoadSpec  # noqa: E402
+from .ui_html import gen_info_html, header_html, progress_html, replay_html, results_html, scope_html  # noqa: E402
+from .ui_load import ab_compare_html, ab_progress_html, error_html, load_html  # noqa: E402
 
 ASSETS = resources.files("batchscope.assets")
 
@@ -43,6 +45,10 @@ THEME = gr.themes.Default(primary_hue="blue", neutral_hue="slate", spacing_size=
                           font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"])
 
 POLL_S = 0.3          # how often a running burst / A/B is polled for progress
+LOAD_POLL_S = 0.5     # and a continuous load
+FIRE, AB, START_LOAD = "Fire burst", "A/B: sync then async", "Start load"
+# runs in the page before the A/B handler (assets/js/controls.js defines the hook); passes the inputs through
+CHECK_MODE_LOCK_SOON = "(...args) => { window.batchscopeModeLock?.soon(); return args; }"
 
 
 @dataclass
@@ -68,16 +74,24 @@ class _GenerateTab:
 
 @dataclass
 class _LoadTestTab:
-    n_req: gr.Number
-    seed: gr.Number
+    load_kind: gr.Radio
+    load_concurrency: gr.Number
+    load_rate: gr.Number
+    load_duration: gr.Number
+    load_start: gr.Button
+    load_stop: gr.Button
+    load_status: gr.HTML
+    load_id: gr.State
     p_min: gr.Number
     p_max: gr.Number
     o_min: gr.Number
     o_max: gr.Number
+    seed: gr.Number
+    ignore_eos: gr.Checkbox
+    n_req: gr.Number
     arrival: gr.Radio
     rate: gr.Number
     burstiness: gr.Number
-    ignore_eos: gr.Checkbox
     burst: gr.Button
     ab: gr.Button
     burst_progress: gr.HTML
@@ -85,10 +99,17 @@ class _LoadTestTab:
     ab_progress: gr.HTML
     ab_results: gr.HTML
 
+    def shape_inputs(self) -> list:
+        """What every request looks like, in the order `_shape` takes them."""
+        return [self.p_min, self.p_max, self.o_min, self.o_max, self.ignore_eos, self.seed]
+
     def spec_inputs(self) -> list:
         """In the order `_burst_spec` takes them."""
-        return [self.n_req, self.p_min, self.p_max, self.o_min, self.o_max, self.arrival, self.rate,
-                self.burstiness, self.ignore_eos, self.seed]
+        return [self.n_req, self.arrival, self.rate, self.burstiness, *self.shape_inputs()]
+
+    def load_inputs(self) -> list:
+        """In the order `_load_spec` takes them."""
+        return [self.load_kind, self.load_concurrency, self.load_rate, self.load_duration, *self.shape_inputs()]
 
 
 # ----------------------------------------------------------------------------------------------- the page
@@ -111,7 +132,7 @@ def build_ui(state) -> gr.Blocks:
             with gr.Column(scale=3, min_width=640, elem_id="bs-charts"):
                 gr.HTML(scope_html(state), elem_id="bs-scope-block", js_on_load=None)
         _wire_generate(state, gen)
-        _wire_load_test(state, load)
+        _wire_load_test(state, load, demo)
     return demo
 
 
@@ -126,14 +147,15 @@ def _generate_tab(live: bool, limits: Limits) -> _GenerateTab:
     info = gr.HTML("", elem_id="bs-gen-info", js_on_load=None)
     with gr.Accordion("Sampling", open=True):
         with gr.Row():
-            max_tokens = gr.Number(64, label="max new tokens", precision=0, minimum=1, maximum=limits.max_new_tokens,
+            # no minimum/maximum here: Gradio would refuse out-of-range values with a toast before our
+            # handler runs, leaving the last attempt's message in place; the server's checks say why instead
+            max_tokens = gr.Number(64, label=f"max new tokens (≤ {limits.max_new_tokens})", precision=0,
                                    elem_id="bs-max-new", interactive=live)
-            seed = gr.Number(-1, label="seed (-1 = random)", precision=0, minimum=-1, elem_id="bs-seed",
-                             interactive=live)
+            seed = gr.Number(-1, label="seed (-1 = random)", precision=0, elem_id="bs-seed", interactive=live)
         temperature = gr.Slider(0.0, 2.0, 0.0, step=0.05, label="temperature (0 = greedy)", interactive=live)
         with gr.Row():
             top_p = gr.Slider(0.05, 1.0, 1.0, step=0.05, label="top-p", interactive=live)
-            top_k = gr.Number(0, label="top-k (0 = off)", precision=0, minimum=0, interactive=live)
+            top_k = gr.Number(0, label="top-k (0 = off)", precision=0, interactive=live)
         with gr.Row():
             ignore_eos = gr.Checkbox(False, label="ignore EOS", interactive=live)
             chat = gr.Checkbox(True, label="chat template", interactive=live)
@@ -142,33 +164,54 @@ def _generate_tab(live: bool, limits: Limits) -> _GenerateTab:
 
 
 def _load_test_tab(live: bool, limits: Limits) -> _LoadTestTab:
+    # Numbers carry no minimum/maximum: Gradio would refuse an out-of-range value with a toast before our handler
+    # runs (also in a hidden field), leaving the last attempt's message on the page. LoadSpec/BurstSpec check them.
+    gr.Markdown("**Continuous load**: requests keep coming until you stop them, so you can switch sync/async "
+                f"while it runs. It ends by itself after {limits.max_load_duration_s:g} s at most.",
+                elem_id="bs-load-intro")
+    load_kind = gr.Radio([("fixed concurrency", "concurrency"), ("steady rate", "rate")], value="concurrency",
+                         label="continuous load", elem_id="bs-load-kind", interactive=live)
     with gr.Row():
-        n_req = gr.Number(16, label="requests", precision=0, minimum=1, maximum=limits.max_burst_requests,
-                          elem_id="bs-n", interactive=live)
+        load_concurrency = gr.Number(16, label="requests in flight", precision=0, elem_id="bs-load-conc",
+                                     interactive=live)
+        load_rate = gr.Number(4.0, label="rate (requests/s, Poisson)", visible=False, elem_id="bs-load-rate",
+                              interactive=live)
+        load_duration = gr.Number(limits.max_load_duration_s, label="stop after (s)", elem_id="bs-load-duration",
+                                  interactive=live)
+    with gr.Row():
+        load_start = gr.Button(START_LOAD, variant="primary", elem_id="bs-load-start", interactive=live, size="sm")
+        load_stop = gr.Button("Stop load", variant="stop", elem_id="bs-load-stop", interactive=False, size="sm")
+    load_status = gr.HTML("", elem_id="bs-load-status", js_on_load=None)
+
+    gr.Markdown("**Requests** (continuous load, burst and A/B)", elem_id="bs-shape-intro")
+    with gr.Row():
+        p_min = gr.Number(16, label="prompt tokens min", precision=0, elem_id="bs-pmin", interactive=live)
+        p_max = gr.Number(64, label="prompt tokens max", precision=0, elem_id="bs-pmax", interactive=live)
+    with gr.Row():
+        o_min = gr.Number(16, label="output tokens min", precision=0, elem_id="bs-omin", interactive=live)
+        o_max = gr.Number(64, label="output tokens max", precision=0, elem_id="bs-omax", interactive=live)
+    with gr.Row():
         seed = gr.Number(0, label="seed", precision=0, elem_id="bs-burst-seed", interactive=live)
+        ignore_eos = gr.Checkbox(True, label="ignore EOS (exact output lengths)", elem_id="bs-ignore-eos",
+                                 interactive=live)
+
+    gr.Markdown("**Burst and A/B**: a fixed number of requests; the A/B runs the same burst in sync, then in "
+                "async (the mode toggle is locked meanwhile).", elem_id="bs-burst-intro")
     with gr.Row():
-        p_min = gr.Number(16, label="prompt tokens min", precision=0, minimum=1, maximum=limits.max_prompt_tokens,
-                          elem_id="bs-pmin", interactive=live)
-        p_max = gr.Number(64, label="prompt tokens max", precision=0, minimum=1, maximum=limits.max_prompt_tokens,
-                          elem_id="bs-pmax", interactive=live)
+        n_req = gr.Number(16, label=f"requests (≤ {limits.max_burst_requests})", precision=0, elem_id="bs-n",
+                          interactive=live)
+        arrival = gr.Radio([("all at once", "burst"), ("Poisson", "poisson"), ("gamma", "gamma")], value="burst",
+                           label="arrival", elem_id="bs-arrival", interactive=live)
     with gr.Row():
-        o_min = gr.Number(16, label="output tokens min", precision=0, minimum=1, maximum=limits.max_new_tokens,
-                          elem_id="bs-omin", interactive=live)
-        o_max = gr.Number(64, label="output tokens max", precision=0, minimum=1, maximum=limits.max_new_tokens,
-                          elem_id="bs-omax", interactive=live)
-    arrival = gr.Radio([("all at once", "burst"), ("Poisson", "poisson"), ("gamma", "gamma")], value="burst",
-                       label="arrival", elem_id="bs-arrival", interactive=live)
+        rate = gr.Number(8.0, label="rate (requests/s)", visible=False, elem_id="bs-rate", interactive=live)
+        burstiness = gr.Number(0.5, label="burstiness (gamma shape: 1 = Poisson, <1 burstier)", visible=False,
+                               elem_id="bs-burstiness", interactive=live)
     with gr.Row():
-        rate = gr.Number(8.0, label="rate (requests/s)", minimum=0.01, visible=False, elem_id="bs-rate",
-                         interactive=live)
-        burstiness = gr.Number(0.5, label="burstiness (gamma shape: 1 = Poisson, <1 burstier)", minimum=0.01,
-                               visible=False, elem_id="bs-burstiness", interactive=live)
-    ignore_eos = gr.Checkbox(True, label="ignore EOS (exact output lengths)", elem_id="bs-ignore-eos",
-                             interactive=live)
-    with gr.Row():
-        burst = gr.Button("Fire burst", variant="primary", elem_id="bs-fire", interactive=live, size="sm")
-        ab = gr.Button("A/B: sync then async", elem_id="bs-ab", interactive=live, size="sm")
-    return _LoadTestTab(n_req, seed, p_min, p_max, o_min, o_max, arrival, rate, burstiness, ignore_eos, burst, ab,
+        burst = gr.Button(FIRE, variant="primary", elem_id="bs-fire", interactive=live, size="sm")
+        ab = gr.Button(AB, elem_id="bs-ab", interactive=live, size="sm")
+    return _LoadTestTab(load_kind, load_concurrency, load_rate, load_duration, load_start, load_stop,
+                        load_status, gr.State(None), p_min, p_max, o_min, o_max, seed, ignore_eos, n_req, arrival,
+                        rate, burstiness, burst, ab,
                         burst_progress=gr.HTML("", elem_id="bs-burst-progress", js_on_load=None),
                         burst_results=gr.HTML("", elem_id="bs-burst-table", js_on_load=None),
                         ab_progress=gr.HTML("", elem_id="bs-ab-progress", js_on_load=None),
@@ -177,86 +220,239 @@ def _load_test_tab(live: bool, limits: Limits) -> _LoadTestTab:
 
 # ----------------------------------------------------------------------------------------------- handlers
 
+class _Streams:
+    """The generations each page (Gradio session) has streaming, so that its Stop button can cancel them in the
+    engine. The handler then sees its stream end as cancelled and says so itself: its word is the last one.
+    (Cancelling the handler through Gradio instead would cut it off after "running", with late updates still
+    arriving after any "stopped".)"""
+
+    def __init__(self):
+        self._by_session: dict[str, set] = {}
+        self._lock = threading.Lock()
+
+    def add(self, session: str, handle) -> None:
+        with self._lock:
+            self._by_session.setdefault(session, set()).add(handle)
+
+    def discard(self, session: str, handle) -> None:
+        with self._lock:
+            handles = self._by_session.get(session, set())
+            handles.discard(handle)
+            if not handles:
+                self._by_session.pop(session, None)
+
+    def cancel(self, session: str) -> None:
+        with self._lock:
+            handles = list(self._by_session.get(session, ()))
+        for h in handles:
+            h.cancel()
+
+
 def _wire_generate(state, tab: _GenerateTab) -> None:
-    generate = _generate_handler(state)
+    streams = _Streams()
+    generate = _generate_handler(state, streams)
     outputs = [tab.output, tab.info]
-    ev1 = tab.generate.click(generate, tab.inputs(), outputs, concurrency_limit=8, show_progress="minimal")
-    ev2 = tab.prompt.submit(generate, tab.inputs(), outputs, concurrency_limit=8, show_progress="minimal")
-    tab.stop.click(None, None, None, cancels=[ev1, ev2])
+    tab.generate.click(generate, tab.inputs(), outputs, concurrency_limit=8, show_progress="minimal")
+    tab.prompt.submit(generate, tab.inputs(), outputs, concurrency_limit=8, show_progress="minimal")
+
+    def stop(request: gr.Request):
+        streams.cancel(_session(request))
+    tab.stop.click(stop, None, None, show_progress="hidden")
 
 
-def _generate_handler(state):
-    def generate(text, n_new, temp, p, k, sd, no_eos, use_chat):
-        if state.engine is None:
-            raise gr.Error("No model loaded (replay only).")
-        if not (text or "").strip():
-            raise gr.Error("Type a prompt first.")
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "-"
+
+
+def _generate_handler(state, streams: _Streams):
+    def generate(text, n_new, temp, p, k, sd, no_eos, use_chat, request: gr.Request):
         t0 = time.perf_counter()
         first = None
-        out = ""
+        # every attempt starts from a clean box: an old error must not sit beside a new answer
+        yield "", '<div class="bs-gen-info">waiting for the first token…</div>'
+        if state.engine is None:
+            yield "", error_html("No model loaded (replay only).")
+            return
+        if not (text or "").strip():
+            yield "", error_html("Type a prompt first.")
+            return
+        session, handle, out, finished = _session(request), None, "", False
         try:
-            for out in state.generate_stream(text, max_new_tokens=int(n_new or 64), temperature=float(temp),
-                                             top_p=float(p), top_k=int(k or 0),
-                                             seed=None if sd in (None, "") or int(sd) < 0 else int(sd),
-                                             ignore_eos=bool(no_eos), chat=bool(use_chat)):
+            ids = state.encode(text, chat=bool(use_chat))
+            params = state.sampling(len(ids), int(n_new or 64), float(temp), float(p), int(k or 0),
+                                    None if sd in (None, "") or int(sd) < 0 else int(sd), bool(no_eos))
+            handle = state.submit(ids, params)
+            streams.add(session, handle)
+            for d in handle:
+                out += d.text
                 if first is None and out:
                     first = time.perf_counter() - t0
-                yield out, gen_info_html(first, time.perf_counter() - t0, False)
+                if d.finished:
+                    finished = True
+                    if d.finish_reason == "cancelled":
+                        yield out, _stopped_html(first, time.perf_counter() - t0)
+                        return
+                    if d.error or d.finish_reason == "error":
+                        raise RuntimeError(f"generation failed: {d.error or 'engine error'}")
+                yield out, gen_info_html(first, time.perf_counter() - t0, finished)
         except Exception as e:  # bad input or engine error: say it on the page, keep serving
-            yield out, f'<div class="bs-err" role="alert">{html.escape(str(e))}</div>'
-            return
-        yield out, gen_info_html(first, time.perf_counter() - t0, True)
+            yield out, error_html(str(e))
+        finally:
+            if handle is not None:
+                streams.discard(session, handle)
+                if not finished:        # the page went away mid-stream
+                    handle.cancel()
     return generate
 
 
-def _wire_load_test(state, tab: _LoadTestTab) -> None:
+def _stopped_html(first: float | None, elapsed: float) -> str:
+    ttft = f"first text after {first * 1000:.0f} ms · " if first is not None else ""
+    return f'<div class="bs-gen-info" data-state="stopped">{ttft}stopped after {elapsed:.2f} s</div>'
+
+
+def _wire_load_test(state, tab: _LoadTestTab, demo: gr.Blocks) -> None:
     def arrival_changed(kind):
         return gr.update(visible=kind != "burst"), gr.update(visible=kind == "gamma")
 
+    def load_kind_changed(kind):
+        return gr.update(visible=kind == "concurrency"), gr.update(visible=kind == "rate")
+
     tab.arrival.change(arrival_changed, tab.arrival, [tab.rate, tab.burstiness])
+    tab.load_kind.change(load_kind_changed, tab.load_kind, [tab.load_concurrency, tab.load_rate])
 
-    def ab_label(st) -> str:
-        return f"A/B {st.id}: {st.state}" + (f" ({st.phase})" if st.phase and st.state == "running" else "")
-
-    run_burst = _follow("burst", state.start_burst, state.burst_status, lambda st: f"burst {st.id}: {st.state}",
+    run_burst = _follow("burst", FIRE, lambda *v: state.start_burst(_burst_spec(*v)), state.burst_status,
+                        lambda st: progress_html(st.done, st.total, f"burst {st.id}: {st.state}",
+                                                 error=f"burst {st.id} failed: {st.error}" if st.error else None),
                         lambda st: results_html(st.results))
-    run_ab = _follow("A/B", state.start_ab, state.ab_status, ab_label,
-                     lambda st: ab_html(st) if st.sync is not None or st.async_ is not None else "")
+    run_ab = _follow("A/B", AB, lambda *v: state.start_ab(_burst_spec(*v)), state.ab_status, ab_progress_html,
+                     ab_compare_html)
     # our own progress bars say how far a run got; Gradio's overlay would only hide them
-    tab.burst.click(run_burst, tab.spec_inputs(), [tab.burst_progress, tab.burst_results], concurrency_limit=4,
-                    show_progress="hidden")
-    tab.ab.click(run_ab, tab.spec_inputs(), [tab.ab_progress, tab.ab_results], concurrency_limit=2,
-                 show_progress="hidden")
+    tab.burst.click(run_burst, tab.spec_inputs(), [tab.burst_progress, tab.burst_results, tab.burst],
+                    concurrency_limit=4, show_progress="hidden")
+    # the A/B locks the mode toggle: have the page look for the lock now rather than at its next poll
+    tab.ab.click(run_ab, tab.spec_inputs(), [tab.ab_progress, tab.ab_results, tab.ab], concurrency_limit=2,
+                 show_progress="hidden", js=CHECK_MODE_LOCK_SOON)
 
+    load_outputs = [tab.load_status, tab.load_start, tab.load_stop, tab.load_id]
+    follow = _follow_load(state)
 
-def _follow(kind: str, start, status, label, table):
-    """A handler that starts a burst or an A/B, then polls it: (progress, results) until it ends or fails."""
-    def run(*values):
+    def start_load(*values):
+        # clears the last attempt's error and shows the start is under way
+        yield "", gr.update(interactive=False, value="Starting…"), gr.update(interactive=False), None
         try:
-            run_id = start(_burst_spec(*values))
-        except ValidationError as e:
-            yield progress_html(0, 0, "", error=f"{kind} not started: {validation_reason(e)}"), ""
-            return
+            load_id = state.start_load(_load_spec(*values))
         except Exception as e:
-            yield progress_html(0, 0, "", error=f"{kind} not started: {e}"), ""
+            yield _refusal("load", e), *_load_buttons(False), None
+            return
+        yield from follow(load_id)
+
+    def stop_load(load_id):
+        try:
+            target = load_id or state.running_load()
+            if target:
+                state.stop_load(target)
+        except Exception:               # already gone: the follower shows how it ended
+            pass
+
+    def follow_running():
+        # a page opened (or reloaded) while a load runs follows it, so that its Stop button works
+        load_id = state.running_load() if state.engine is not None else None
+        if load_id is None:
+            yield gr.update(), gr.update(), gr.update(), None
+            return
+        yield from follow(load_id)
+
+    tab.load_start.click(start_load, tab.load_inputs(), load_outputs, concurrency_limit=4, show_progress="hidden")
+    tab.load_stop.click(stop_load, tab.load_id, None, show_progress="hidden")
+    if state.engine is not None:
+        # a follower per open page, each holding a worker thread while it sleeps between polls: several at once,
+        # not Gradio's default of one, but few enough to leave threads for everything else
+        demo.load(follow_running, None, load_outputs, show_progress="hidden", concurrency_limit=8)
+
+
+def _refusal(kind: str, e: Exception) -> str:
+    reason = validation_reason(e) if isinstance(e, ValidationError) else str(e)
+    return error_html(f"{kind} not started: {reason}")
+
+
+def _follow(kind: str, label: str, start, status, progress, table):
+    """A handler that starts a burst or an A/B, then polls it: (progress, results, its button) until it ends or
+    fails. The button is busy meanwhile."""
+    # fresh updates each time: Gradio consumes an update's fields as it applies them
+    def busy():
+        return gr.update(interactive=False, value=f"{kind} running…")
+
+    def idle():
+        return gr.update(interactive=True, value=label)
+
+    def run(*values):
+        yield progress_html(0, 0, f"{kind}: starting…"), "", busy()    # clears the last attempt's error
+        try:
+            run_id = start(*values)
+        except Exception as e:
+            yield _refusal(kind, e), "", idle()
             return
         while True:
             try:
                 st = status(run_id)
             except Exception as e:
-                yield progress_html(0, 0, "", error=f"{kind} {run_id}: {e}"), ""
+                yield error_html(f"{kind} {run_id}: {e}"), "", idle()
                 return
-            yield (progress_html(st.done, st.total, label(st),
-                                 error=f"{kind} {run_id} failed: {st.error}" if st.error else None), table(st))
-            if st.state != "running":
+            ended = st.state != "running"
+            yield progress(st), table(st), idle() if ended else busy()
+            if ended:
                 return
             time.sleep(POLL_S)
     return run
 
 
-def _burst_spec(n, pmin, pmax, omin, omax, arrival, rate, burstiness, ignore_eos, seed) -> BurstSpec:
-    """The panel's fields as the body of POST /api/burst: the same model checks them. The optional knobs (rate,
-    burstiness, seed) left empty take the API's defaults."""
-    knobs = {k: v for k, v in (("rate", rate), ("burstiness", burstiness), ("seed", seed)) if v not in (None, "")}
-    return BurstSpec(num_requests=n, prompt_tokens=(pmin, pmax), max_new_tokens=(omin, omax),
-                     arrival=arrival or "burst", ignore_eos=bool(ignore_eos), **knobs)
+def _load_buttons(running: bool) -> tuple:
+    """(start, stop) while a load runs, or not: fresh updates each time (Gradio consumes them as it applies them)."""
+    if running:
+        return gr.update(interactive=False, value="Load running…"), gr.update(interactive=True)
+    return gr.update(interactive=True, value=START_LOAD), gr.update(interactive=False)
+
+
+def _follow_load(state):
+    """Poll a continuous load until it ends: (status, start button, stop button, load id)."""
+    def follow(load_id: str):
+        while True:
+            try:
+                st = state.load_status(load_id)
+            except Exception as e:
+                yield error_html(f"load {load_id}: {e}"), *_load_buttons(False), None
+                return
+            running = st.state == "running"
+            yield load_html(st), *_load_buttons(running), load_id if running else None
+            if not running:
+                return
+            time.sleep(LOAD_POLL_S)
+    return follow
+
+
+def _shape(pmin, pmax, omin, omax, ignore_eos, seed) -> dict:
+    fields = {"prompt_tokens": (pmin, pmax), "max_new_tokens": (omin, omax), "ignore_eos": bool(ignore_eos)}
+    if seed not in (None, ""):
+        fields["seed"] = seed
+    return fields
+
+
+def _burst_spec(n, arrival, rate, burstiness, *shape) -> BurstSpec:
+    """The panel's fields as the body of POST /api/burst: the same model checks them. Only the fields the chosen
+    arrival uses are sent: a hidden field must not block a burst (its value stays, but nobody can see it)."""
+    arrival = arrival or "burst"
+    knobs = {}
+    if arrival != "burst" and rate not in (None, ""):
+        knobs["rate"] = rate
+    if arrival == "gamma" and burstiness not in (None, ""):
+        knobs["burstiness"] = burstiness
+    return BurstSpec(num_requests=n, arrival=arrival, **knobs, **_shape(*shape))
+
+
+def _load_spec(kind, concurrency, rate, duration, *shape) -> LoadSpec:
+    """The panel's fields as the body of POST /api/load; as for bursts, only the visible knob is sent."""
+    kind = kind or "concurrency"
+    knobs = {"concurrency": concurrency} if kind == "concurrency" else {"rate": rate}
+    if duration not in (None, ""):
+        knobs["duration_s"] = duration
+    return LoadSpec(kind=kind, **knobs, **_shape(*shape))

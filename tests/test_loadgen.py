@@ -1,5 +1,5 @@
-"""Load generation without a model: burst specs, arrival processes, lengths, metrics, and bursts against a
-scripted engine."""
+"""Load generation without a model: burst and load specs, arrival processes, lengths, metrics, and bursts,
+A/B runs and continuous loads against a scripted engine."""
 import asyncio
 import random
 import statistics
@@ -10,10 +10,11 @@ import pytest
 
 from pydantic import ValidationError
 
-from batchscope.app.bursts import BurstManager
+from batchscope.app.bursts import BurstManager, ModeLocked
 from batchscope.app.errors import BusyError, validation_reason
-from batchscope.app.loadgen import RequestTiming, arrival_offsets, burst_metrics, plan_burst
-from batchscope.app.schemas import BurstSpec, Limits
+from batchscope.app.loadgen import (LatencySample, LoadTally, RequestTiming, arrival_offsets, burst_metrics,
+                                    plan_burst, request_stream)
+from batchscope.app.schemas import BurstSpec, Limits, LoadSpec
 from batchscope.engine.request import TokenDelta
 
 LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=64, max_burst_requests=50, max_concurrent_bursts=2)
@@ -27,6 +28,17 @@ class ScriptedHandle:
         self.cancelled = False
 
     async def astream(self):
+        with self.engine.lock:
+            self.engine.live += 1
+            self.engine.most_live = max(self.engine.most_live, self.engine.live)
+        try:
+            async for d in self._stream():
+                yield d
+        finally:
+            with self.engine.lock:
+                self.engine.live -= 1
+
+    async def _stream(self):
         if self.fail:
             yield TokenDelta([], "", finished=True, finish_reason="error", error="scripted failure")
             return
@@ -49,6 +61,8 @@ class ScriptedEngine:
         self.submitted = []               # (mode, prompt, params)
         self.modes = []
         self.lock = threading.Lock()
+        self.live = 0                     # requests streaming now, and the most there ever were
+        self.most_live = 0
 
     def set_mode(self, mode):
         self.modes.append(mode)
@@ -272,3 +286,177 @@ def test_close_cancels_running_bursts():
     assert d.state == "error" and d.error == "cancelled"
     with pytest.raises(BusyError, match="shutting down"):
         mgr.start_burst(BurstSpec(num_requests=1))
+
+
+# ----------------------------------------------------------------------------------------------- continuous loads
+
+def test_load_spec_takes_its_bounds_from_the_limits_unless_asked_for_less():
+    spec = LoadSpec(kind="rate", rate=3).within(LIMITS)
+    assert spec.duration_s == LIMITS.max_load_duration_s and spec.max_requests == LIMITS.max_load_requests
+    assert isinstance(spec.seed, int) and spec.max_new_tokens == (32, 64)
+    spec = LoadSpec(duration_s=2.5, max_requests=7).within(LIMITS)
+    assert (spec.duration_s, spec.max_requests) == (2.5, 7)
+    for over in ({"duration_s": LIMITS.max_load_duration_s + 1}, {"max_requests": LIMITS.max_load_requests + 1},
+                 {"concurrency": LIMITS.max_load_concurrency + 1}):
+        with pytest.raises(ValueError, match="over the limit") as e:
+            LoadSpec(**over).within(LIMITS)
+        assert not isinstance(e.value, BusyError)
+
+
+@pytest.mark.parametrize("body, reason", [
+    ({"kind": "forever"}, "kind must be"),
+    ({"kind": "rate", "rate": -3}, "rate"),
+    ({"concurrency": 0}, "concurrency"),
+    ({"duration_s": 0}, "duration_s"),
+    ({"max_requests": 0}, "max_requests"),
+    ({"arrival": "gamma"}, "arrival must be"),
+    ({"max_new_tokens": [9, 3]}, "greater than max"),
+    ({"num_requests": 5}, "num_requests"),          # a burst's field: refused, not silently ignored
+])
+def test_bad_load_specs_say_why(body, reason):
+    with pytest.raises(ValidationError) as e:
+        LoadSpec(**body)
+    assert reason in validation_reason(e.value)
+
+
+def test_request_stream_is_seeded_endless_and_paced():
+    spec = LoadSpec(kind="rate", rate=20, arrival="constant", prompt_tokens=[5, 9], max_new_tokens=[3, 6],
+                    seed=4).within(LIMITS)
+    a = [next(s) for s in [request_stream(spec, 49152)] for _ in range(50)]
+    b = [p for p, _ in zip(request_stream(spec, 49152), range(50))]
+    assert [(p.prompt, p.max_new_tokens, p.seed) for p in a] == [(p.prompt, p.max_new_tokens, p.seed) for p in b]
+    assert [p.offset_s for p in a] == pytest.approx([i / 20 for i in range(50)])
+    assert all(5 <= len(p.prompt) <= 9 and 3 <= p.max_new_tokens <= 6 for p in a)
+    poisson = request_stream(spec.model_copy(update={"arrival": "poisson"}), 49152)
+    offs = [next(poisson).offset_s for _ in range(4001)]
+    assert statistics.mean(b - a for a, b in zip(offs, offs[1:])) == pytest.approx(1 / 20, rel=0.1)
+
+
+def test_latency_sample_stays_bounded_and_unbiased():
+    sample = LatencySample(1000, random.Random(0))
+    for v in range(100_000):
+        sample.add(float(v))
+    assert len(sample.values) == 1000 and sample.seen == 100_000
+    p = sample.percentiles()
+    assert p["n"] == 100_000 and p["p50"] == pytest.approx(50_000, rel=0.1)
+
+
+def test_load_tally_counts_only_the_recent_window_as_recent():
+    s = 1_000_000_000
+    tally = LoadTally(window_s=10)
+    tally.token_chunk(1 * s, 100)                  # long ago
+    for i in range(20):
+        tally.token_chunk(25 * s + i * s // 10, 5)
+    done = RequestTiming(sent_ns=26 * s, chunks=[(26 * s + s // 2, 1)], finish_ns=27 * s, prompt_tokens=3)
+    tally.finished(done)
+    tally.finished(RequestTiming(sent_ns=26 * s, error="boom"))
+    tally.finished(RequestTiming(sent_ns=26 * s), cancelled=True)
+    recent = tally.recent(30 * s, 0)
+    assert recent["window_s"] == 10 and recent["output_tokens_per_s"] == pytest.approx(100 / 10)
+    assert recent["completed"] == 1 and recent["ttft_ms_p50"] == pytest.approx(500)
+    assert (tally.completed, tally.failed, tally.cancelled) == (1, 1, 1)
+    assert tally.results(0, 30 * s)["e2e_ms"]["p50"] == pytest.approx(1000)
+
+
+def test_load_keeps_its_concurrency_and_ends_at_its_request_bound():
+    eng = ScriptedEngine(step_s=0.002)
+    mgr = BurstManager(eng, LIMITS, vocab_size=49152)
+    spec = LoadSpec(concurrency=3, max_requests=12, prompt_tokens=[3, 5], max_new_tokens=[2, 6], seed=5)
+    lid = mgr.start_load(spec)
+    d = wait_state(lambda: mgr.load(lid))
+    assert d.state == "done" and d.stop_reason == "max_requests"
+    assert d.sent == d.completed == 12 and d.failed == d.cancelled == 0 and d.in_flight == 0
+    assert eng.most_live == 3
+    # what was sent is the head of the load's seeded stream, whole
+    plan = [p for p, _ in zip(request_stream(d.spec, 49152), range(12))]
+    assert sorted(p for _m, p, _s in eng.submitted) == sorted(p.prompt for p in plan)
+    assert d.output_tokens == sum(p.max_new_tokens for p in plan) == d.results.output_tokens
+    mgr.close()
+
+
+def test_a_rate_load_sends_at_its_rate_until_stopped():
+    eng = ScriptedEngine(step_s=0.001)
+    mgr = BurstManager(eng, LIMITS, vocab_size=100)
+    lid = mgr.start_load(LoadSpec(kind="rate", rate=50, arrival="constant", max_new_tokens=2, seed=1))
+    time.sleep(0.5)
+    d = mgr.stop_load(lid)
+    assert d.state == "done" and d.stop_reason == "stopped"
+    # one at 0, then one each 20 ms: a late send catches up at once, so only the last few may be missing
+    due = 1 + int(d.elapsed_s * 50)
+    assert due - 5 <= d.sent <= due, (d.sent, d.elapsed_s)
+    assert d.completed + d.cancelled + d.failed == d.sent and d.failed == 0
+    mgr.close()
+
+
+def test_a_load_ends_at_its_duration_and_cancels_what_is_in_flight():
+    eng = ScriptedEngine(step_s=0.05)
+    mgr = BurstManager(eng, Limits(max_new_tokens=1000), vocab_size=100)
+    t0 = time.monotonic()
+    lid = mgr.start_load(LoadSpec(concurrency=2, duration_s=0.4, max_new_tokens=500))
+    d = wait_state(lambda: mgr.load(lid), timeout=5)
+    assert time.monotonic() - t0 < 2
+    assert d.stop_reason == "duration" and d.cancelled == 2 and d.completed == 0 and d.failed == 0
+    mgr.close()
+
+
+def test_one_load_at_a_time_and_no_ab_beside_it():
+    mgr = BurstManager(ScriptedEngine(step_s=0.01), LIMITS, vocab_size=100)
+    lid = mgr.start_load(LoadSpec(concurrency=1))
+    with pytest.raises(BusyError, match="already running"):
+        mgr.start_load(LoadSpec())
+    with pytest.raises(BusyError, match="stop it first"):
+        mgr.start_ab(BurstSpec(num_requests=1))
+    assert mgr.running_load() == lid
+    mgr.stop_load(lid)
+    assert mgr.running_load() is None
+    with pytest.raises(KeyError):
+        mgr.load("load-nope")
+    mgr.close()
+
+
+def test_a_load_that_only_fails_gives_up():
+    mgr = BurstManager(ScriptedEngine(fail_every=1), LIMITS, vocab_size=100)
+    lid = mgr.start_load(LoadSpec(concurrency=4))
+    d = wait_state(lambda: mgr.load(lid))
+    assert d.state == "error" and d.stop_reason == "error" and "scripted failure" in d.error
+    assert d.sent < 100
+    mgr.close()
+
+
+def test_switches_during_a_load_are_noted_and_close_ends_it_as_shutdown():
+    eng = ScriptedEngine(step_s=0.005)
+    mgr = BurstManager(eng, LIMITS, vocab_size=100)
+    lid = mgr.start_load(LoadSpec(concurrency=2, max_new_tokens=4))
+    assert mgr.set_mode("sync") == "async"
+    time.sleep(0.05)
+    eng.set_mode("async")                           # behind the manager's back: seen in the stream
+    time.sleep(0.05)
+    mgr.close()
+    d = mgr.load(lid)
+    assert d.stop_reason == "shutdown" and d.state == "done"
+    assert [(c.previous, c.mode) for c in d.mode_changes] == [("async", "sync"), ("sync", "async")]
+    assert d.results.mode is None                   # it spanned both modes
+
+
+def test_the_mode_is_locked_while_an_ab_runs_and_a_switch_behind_its_back_spoils_it():
+    gate = threading.Event()
+    eng = ScriptedEngine(step_s=0.002)
+    mgr = BurstManager(eng, LIMITS, vocab_size=100)
+    eng.gate = gate
+    ab = mgr.start_ab(BurstSpec(num_requests=4, max_new_tokens=30, seed=2))
+    assert "A/B" in mgr.mode_lock()
+    with pytest.raises(ModeLocked, match="A/B comparison"):
+        mgr.set_mode("sync")
+    gate.set()
+    while not (mgr.ab(ab).phase == "sync" and len(eng.submitted) > 4):     # past the warm-up's 4 requests
+        time.sleep(0.001)
+    eng.set_mode("async")                           # not through the server: nothing could refuse it
+    d = wait_state(lambda: mgr.ab(ab))
+    assert d.state == "done" and d.valid is False
+    assert [(c.phase, c.mode) for c in d.mode_changes] == [("sync", "async")]
+    assert mgr.mode_lock() is None and mgr.set_mode("sync") == "async"
+    clean_id = mgr.start_ab(BurstSpec(num_requests=2, max_new_tokens=3))
+    clean = wait_state(lambda: mgr.ab(clean_id))
+    assert clean.valid is True and clean.mode_changes == []
+    assert (clean.requests_per_half, clean.half_done, clean.total) == (2, 2, 4)
+    mgr.close()

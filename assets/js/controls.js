@@ -226,3 +226,54 @@ export function backToLive() {
   followLive();
   changed();
 }
+
+// ---------------------------------------------------------------- the mode lock
+// While an A/B runs the server refuses mode switches (POST /api/mode answers 409 with the reason): the toggle is
+// greyed out and says why. GET /api/mode tells {mode, locked, reason}; it is polled because the A/B may have been
+// started by any client, and looked at again right after this page starts one (app/ui.py calls soon()).
+const MODE_BUTTONS = ["bs-mode-sync", "bs-mode-async"];
+const LOCK_POLL_MS = 2000;
+let lockShown = null;
+
+export function showModeLock(reason) {
+  reason = reason || null;
+  const locked = document.querySelector(".bs-locked");
+  if (reason === lockShown && !!locked === !!reason) return;     // nothing changed (the usual case)
+  for (const id of MODE_BUTTONS) {
+    const b = $(id);
+    if (!b) continue;
+    if (reason) {
+      if (!b.classList.contains("bs-locked")) b.dataset.titleUnlocked = b.title;
+      b.classList.add("bs-locked");
+      b.disabled = true;
+      b.setAttribute("aria-disabled", "true");
+      b.title = "Locked: " + reason;
+    } else if (b.classList.contains("bs-locked")) {
+      b.classList.remove("bs-locked");
+      b.disabled = !state.live;
+      b.removeAttribute("aria-disabled");
+      b.title = b.dataset.titleUnlocked || "";
+    }
+    // a disabled button may show no tooltip: its group carries the reason too
+    const group = b.parentElement;
+    if (group) group.title = reason ? "Locked: " + reason : "";
+  }
+  if (reason && lockShown !== reason) note("mode toggle locked: " + reason, false);
+  lockShown = reason;
+}
+
+async function checkModeLock() {
+  if (!state.live || document.hidden) return;
+  try {
+    const m = await api("/api/mode", "GET", undefined, 5000);
+    showModeLock(m.locked ? m.reason : null);
+  } catch (e) { /* the connection badge already tells */ }
+}
+
+if (!window.batchscopeModeLock) {
+  window.batchscopeModeLock = {
+    timer: setInterval(checkModeLock, LOCK_POLL_MS),
+    // an A/B needs a moment to register: look twice
+    soon() { setTimeout(checkModeLock, 300); setTimeout(checkModeLock, 1000); },
+  };
+}
