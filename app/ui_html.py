@@ -9,6 +9,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from batchscope.telemetry.forecast import forecast_async
+from batchscope.telemetry.summary import per_mode
+
 from .schemas import ABStatus, BurstResults
 
 WHY_GPU = ("Why the two busy numbers differ: NVML utilization is the share of each ~1/6–1 s sampling window in which "
@@ -16,6 +19,17 @@ WHY_GPU = ("Why the two busy numbers differ: NVML utilization is the share of ea
            "measured compute spans (CUDA events), so it sees every gap.")
 WHY_CPU = ("No NVML on this device: the utilization chart shows host CPU % (psutil), and with no CUDA events there is "
            "no event-based busy %. On a GPU, NVML counts any kernel in a ~1/6–1 s window while events see every gap.")
+# The header's CPU figure on a machine without NVML: this server's own process, not the whole host, which also
+# runs the browser drawing this page (a busy tab alone reads 50% and more of a small machine).
+CPU_STAT_TITLE = ("CPU used by this batchscope server (engine, telemetry and web server), in % of one core. The host "
+                  "as a whole also runs this browser; its figure is in the busy chart's dashed line.")
+# Where the shipped example recording is served (assets/examples/, package data under /batchscope-static/).
+EXAMPLE_URL = "/batchscope-static/examples/h200-demo.timeline.json"
+EXAMPLE_TEXT = "Llama-3-8B shapes on an NVIDIA H200, switched async → sync → async while it ran"
+NO_GPU_HEAD = "No GPU here, so sync and async look alike."
+NO_GPU = ("The async effect needs a device that computes while the host works: on a CPU the same cores build each "
+          "step and compute it, so async has nothing to hide.")
+KEYS = "keys: S sync · A async · P presentation"
 
 
 # ----------------------------------------------------------------------------------------------- small helpers
@@ -42,30 +56,59 @@ def _status_bits(state) -> dict:
 
 # ----------------------------------------------------------------------------------------------- HTML blocks
 
+def recorded_nvml(timeline: dict) -> tuple[str, str]:
+    """What a recording says about NVML, as the status line's (value, note): samples with GPU utilization mean
+    NVML was there when it was recorded, whatever this server has now."""
+    samples = timeline.get("nvml") or []
+    gpu = sum(1 for x in samples if x.get("gpu_util") is not None)
+    if gpu:
+        return "recorded", f"{gpu} samples in the recording"
+    if samples:
+        return "not recorded", "host CPU % samples only (psutil)"
+    return "not recorded", "no samples in the recording"
+
+
 def header_html(state) -> str:
     """The sticky header: mode (always visible) with its toggle, live counters, and the status line."""
     live = state.engine is not None
     b = _status_bits(state)
     e = html.escape
     mode = b["mode"] if b["mode"] in ("sync", "async") else ""
+    present = ('<button id="bs-present" class="bs-present-btn" aria-pressed="false" '
+               'title="Presentation mode (key P): charts and scoreboard only, larger text">present</button>')
+    on = b["gpu"] if b["gpu"] != "none" else b["device"]        # shown in presentation mode, for the room
+    present += f'<span id="bs-view-title" class="bs-view-title">{e(b["model"])} on {e(on)}</span>'
     if live:
         toggle = (f'<span class="bs-seg bs-toggle" role="group" aria-label="engine mode">'
                   f'<button id="bs-mode-sync" class="{"active" if mode == "sync" else ""}" '
-                  f'title="Classic loop: the host waits for each step">sync</button>'
+                  f'title="Classic loop: the host waits for each step (key S)">sync</button>'
                   f'<button id="bs-mode-async" class="{"active" if mode == "async" else ""}" '
-                  f'title="Overlapped loop: the host builds step N+1 while the GPU runs N">async</button></span>')
+                  f'title="Overlapped loop: the host builds step N+1 while the GPU runs N (key A)">async</button>'
+                  f'</span>')
         mode_box = (f'<span class="bs-label">mode</span><span id="bs-mode" class="bs-mode" data-mode="{e(mode)}">'
-                    f'{e(mode or "?")}</span>{toggle}')
+                    f'{e(mode or "?")}</span>{toggle}{present}'
+                    f'<span id="bs-keys" class="bs-keys" title="Keyboard shortcuts (not while typing in a field)">'
+                    f'{KEYS}</span>')
     else:
-        mode_box = '<span id="bs-mode" class="bs-mode" data-mode="replay">replay</span>'
-    stats = ("".join(f'<span class="bs-stat">{label} <b id="{i}">–</b></span>' for label, i in (
-        ("running", "bs-st-running"), ("queue", "bs-st-queue"), ("KV", "bs-st-kv"),
-        ("busy (events)" if b["nvml"] else "busy (host)", "bs-st-busy"), ("NVML" if b["nvml"] else "CPU", "bs-st-nvml"),
-        ("tok/s", "bs-st-tps"), ("TTFT p50", "bs-st-ttft")))
+        mode_box = (f'<span id="bs-mode" class="bs-mode" data-mode="replay">replay</span>{present}'
+                    f'<span id="bs-keys" class="bs-keys" title="Keyboard shortcut">keys: P presentation</span>')
+    cpu = ("server CPU", "bs-st-cpu") if not b["nvml"] else ("NVML", "bs-st-nvml")
+    stats = ("".join(f'<span class="bs-stat"{title}>{label} <b id="{i}">–</b></span>' for label, i, title in (
+        ("running", "bs-st-running", ""), ("queue", "bs-st-queue", ""), ("KV", "bs-st-kv", ""),
+        ("busy (events)" if b["nvml"] else "busy (host)", "bs-st-busy", ""),
+        (*cpu, f' title="{e(CPU_STAT_TITLE)}"' if not b["nvml"] else ""),
+        ("tok/s", "bs-st-tps", ""), ("TTFT p50", "bs-st-ttft", "")))
         if live else '<span class="bs-stat">replay of a recorded timeline: no model loaded, live controls off</span>')
+    replay = getattr(state, "replay", None)
+    if not live and replay:
+        nvml_value, nvml_note = recorded_nvml(replay)
+    else:
+        nvml_value = "available" if b["nvml"] else "not available"
+        nvml_note = b["nvml_reason"] if b["nvml_reason"] and not b["nvml"] else ""
     on_gpu = b["nvml"] or b["device"].startswith("cuda")      # a replay of a GPU run has no live NVML either
     why = (b["busy_note"] or WHY_GPU) if on_gpu else WHY_CPU
-    reason = f' <span class="bs-reason">({e(b["nvml_reason"])})</span>' if b["nvml_reason"] and not b["nvml"] else ""
+    reason = f' <span id="bs-nvml-note" class="bs-reason">({e(nvml_note)})</span>' if nvml_note else \
+        '<span id="bs-nvml-note" class="bs-reason"></span>'
     return f"""
 <div class="bs-header">
   <div class="bs-brand">batchscope<span class="bs-sub">continuous batching, sync vs async</span></div>
@@ -76,18 +119,33 @@ def header_html(state) -> str:
   <span>model <b id="bs-model">{e(b["model"])}</b></span>
   <span>device <b id="bs-device">{e(b["device"])}</b></span>
   <span>GPU <b id="bs-gpu">{e(b["gpu"])}</b></span>
-  <span>NVML <b id="bs-nvml">{"available" if b["nvml"] else "not available"}</b>{reason}</span>
-  <span class="bs-why" title="{e(why)}">{e(why)}</span>
+  <span>NVML <b id="bs-nvml">{e(nvml_value)}</b>{reason}</span>
+  <span id="bs-why" class="bs-why" title="{e(why)}" data-gpu="{e(b["busy_note"] or WHY_GPU)}" data-cpu="{e(WHY_CPU)}">{e(why)}</span>
 </div>"""
 
 
 def scope_html(state) -> str:
-    """The container assets/js draws into; data-live tells it whether there is an engine to follow."""
+    """The container assets/js draws into (data-live tells it whether there is an engine to follow), with the
+    per-mode scoreboard beside it (assets/js/scoreboard.js), the no-GPU notice on a CPU engine, and the replay
+    loading notice (assets/js/stage.js)."""
     live = state.engine is not None
     recording = ((getattr(state, "replay", None) or {}).get("meta") or {}).get("recording") or {}
-    return (f'<div id="bs-scope" class="bs-scope" data-live="{1 if live else 0}" '
+    device = _status_bits(state)["device"] if live else ""
+    nogpu = ""
+    if live and not device.startswith("cuda"):
+        nogpu = (f'<div id="bs-nogpu" class="bs-nogpu" role="note"><p><b>{html.escape(NO_GPU_HEAD)}</b> '
+                 f'{html.escape(NO_GPU)}</p>'
+                 f'<button id="bs-example" class="bs-example-btn" data-url="{EXAMPLE_URL}" '
+                 f'title="{html.escape(EXAMPLE_TEXT)}. It opens in these charts as a replay; back to live returns here.">'
+                 f'▶ Open the H200 example recording</button></div>')
+    return (f'<div id="bs-stage" class="bs-stage">{nogpu}'
+            f'<div id="bs-scope" class="bs-scope" data-live="{1 if live else 0}" '
             f'data-replay-name="{html.escape(str(recording.get("name") or ""))}">'
-            f'<div class="bs-loading">loading charts…</div></div>')
+            f'<div class="bs-loading">loading charts…</div></div>'
+            f'<aside id="bs-board" class="bs-board" aria-label="per-mode scoreboard"></aside>'
+            f'<div id="bs-replay-loading" class="bs-replay-loading" role="status" hidden>'
+            f'<span class="bs-spinner" aria-hidden="true"></span><span id="bs-replay-loading-text">'
+            f'loading the recording…</span></div></div>')
 
 
 def progress_html(done: int | None, total: int | None, label: str, error: str | None = None) -> str:
@@ -179,7 +237,9 @@ REPLAY_FIELDS = (("model", "meta", "model"), ("device", "meta", "device"), ("GPU
 
 
 def replay_html(state) -> str:
-    """What the side panel shows on a replay-only server: what was recorded, and its summary."""
+    """What the side panel shows on a replay-only server: what was recorded, its summary, each mode's figures
+    side by side and the async forecast from the sync steps. Recordings made before the per-mode summary existed
+    get it computed here."""
     replay = getattr(state, "replay", None) or {}
     parts = {"meta": replay.get("meta") or {}, "summary": replay.get("summary") or {}}
     rows = []
@@ -192,9 +252,64 @@ def replay_html(state) -> str:
         elif isinstance(v, float):
             v = f"{v:,.2f}"
         rows.append(f"<tr><th>{html.escape(label)}</th><td>{html.escape(str(v))[:80]}</td></tr>")
+    summary = parts["summary"]
+    steps = replay.get("steps") or []
+    modes = summary.get("per_mode") or per_mode(steps, replay.get("nvml") or [])
+    forecast = summary.get("async_forecast") or forecast_async(steps)
     return (f'<div class="bs-replay-info"><p>Replay of a recorded timeline. No model is loaded, so generation, '
             f'load tests and the mode toggle are off; the charts show the recording.</p>'
+            f'{per_mode_html(modes, forecast)}'
             f'<table id="bs-replay-summary" class="bs-table">{"".join(rows)}</table></div>')
+
+
+# (label, key in a mode's figures, digits, unit). Tokens/s over all steps is left out here: it moves with how
+# many prompts arrived in each stretch (prefill steps), not with the loop; decode tok/s does not.
+MODE_ROWS = (("ms/step (median)", "ms_per_step", 2, ""), ("decode tok/s", "decode_tokens_per_s", 0, ""),
+             ("GPU busy % (events)", "busy_pct", 1, "%"), ("GPU idle per step", "idle_us_per_step", 0, " µs"),
+             ("NVML util mean", "gpu_util_mean", 1, "%"), ("steps", "steps", 0, ""))
+
+
+def mode_ratio(key: str, vs, va) -> str:
+    """How async compares with sync on one figure, in words that say which way is better."""
+    if vs is None or va is None or key not in ("ms_per_step", "decode_tokens_per_s", "busy_pct", "idle_us_per_step"):
+        return ""
+    if key == "busy_pct":
+        return f"{va - vs:+.1f} pts"
+    if not vs or not va:
+        return "–"
+    if key == "ms_per_step":
+        return f"{vs / va:.2f}× {'faster' if va <= vs else 'slower'}"
+    if key == "idle_us_per_step":
+        return f"{100.0 * (va - vs) / vs:+.0f}%"
+    return f"×{va / vs:.2f}"
+
+
+def per_mode_html(modes: dict, forecast: dict | None) -> str:
+    """Sync and async figures of a recording side by side (telemetry/summary.py per_mode), the ratio (how much
+    better async did: x faster, x more tokens/s, busy points gained), and the forecast line."""
+    if not modes:
+        return ""
+    s, a = modes.get("sync") or {}, modes.get("async") or {}
+    body = []
+    for label, key, digits, unit in MODE_ROWS:
+        vs, va = s.get(key), a.get(key)
+        if vs is None and va is None:
+            continue
+        cell = lambda v: "–" if v is None else f"{_num(v, digits)}{unit}"  # noqa: E731
+        body.append(f"<tr><th>{label}</th><td>{cell(vs)}</td><td>{cell(va)}</td>"
+                    f"<td>{mode_ratio(key, vs, va)}</td></tr>")
+    foot = ""
+    if forecast and forecast.get("applicable"):
+        f, m = forecast["forecast_ms_per_step"], forecast.get("measured_async_ms_per_step")
+        measured = (f' · measured async <b>{_num(m["p50"], 2)}</b> ms/step '
+                    f'({forecast["forecast_error_pct"]:+.1f}%)' if m else " · no async steps recorded to check it")
+        foot = (f'<p id="bs-replay-forecast" class="bs-forecast-line">Async forecast from the sync spans: '
+                f'<b>{_num(f["p50"], 2)}</b> ms/step (×{forecast["speedup"]:.2f}){measured}.</p>')
+    elif forecast and forecast.get("reason"):
+        foot = f'<p id="bs-replay-forecast" class="bs-forecast-line">Async forecast: {html.escape(forecast["reason"])}.</p>'
+    return (f'<table id="bs-replay-modes" class="bs-table bs-ab"><thead><tr><th>per mode</th><th class="sync">sync</th>'
+            f'<th class="async">async</th><th>async vs sync</th></tr></thead><tbody>{"".join(body)}</tbody></table>'
+            f'{foot}')
 
 
 def gen_info_html(first: float | None, elapsed: float, done: bool) -> str:

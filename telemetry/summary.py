@@ -9,6 +9,9 @@ Formulas (times from request records, all per request, then pooled into percenti
 Busy % is event-based: the union of the steps' compute spans inside the window over the window's length (on CPU
 the spans are the host launch spans). The per-step floor is (weight bytes + KV bytes of the context) over a
 measured bandwidth; it is the fastest a memory-bound decode step could possibly be.
+Per mode (`per_mode`), each figure covers that mode's stretches (runs of consecutive steps) while there was work:
+from the stretch's first compute start to its last compute end, less the gaps when no request existed
+(`empty_queue`), so a pause in the load counts against neither loop. `async_forecast` is telemetry/forecast.py's.
 """
 from __future__ import annotations
 
@@ -85,7 +88,106 @@ def summarize(steps, requests=(), nvml=(), info: dict | None = None, bandwidth_g
     summary.update(_request_summary(requests, t0_us, t1_us))
     summary.update(_nvml_summary(nvml, w0, w1))
     summary.update(floor(steps, info or {}, bandwidth_gbps, summary["decode_ms_p50"]))
+    summary["per_mode"] = per_mode(steps, nvml)
+    from .forecast import forecast_async     # forecast builds on this module's helpers
+    summary["async_forecast"] = forecast_async(steps)
     return summary
+
+
+def stretches(steps, mode: str | None = None) -> list[list[dict]]:
+    """Runs of consecutive steps (step numbers without a hole) of one mode, in order; only `mode`'s if given."""
+    runs: list[list[dict]] = []
+    for rec in steps:
+        last = runs[-1] if runs else None
+        if last and last[-1]["mode"] == rec["mode"] and rec["step"] == last[-1]["step"] + 1:
+            last.append(rec)
+        else:
+            runs.append([rec])
+    return [r for r in runs if mode is None or r[0]["mode"] == mode]
+
+
+def empty_queue_us(rec: dict) -> float:
+    """The part of the gap before a step when no request existed at all: no loop could have filled it."""
+    return float((rec.get("idle_by_cause_us") or {}).get("empty_queue", 0.0))
+
+
+def run_periods(run: list[dict]) -> list[tuple[dict, float]]:
+    """(step, ms) for each step of a stretch but its last: compute start to the next step's compute start, less
+    any empty-queue gap before that next step (what "ms/step" means in a benchmark, pauses in the load left out)."""
+    return [(a, (b["compute_us"][0] - a["compute_us"][0] - empty_queue_us(b)) / 1000.0)
+            for a, b in zip(run, run[1:]) if a.get("compute_us") and b.get("compute_us")]
+
+
+def _tokens(rec: dict) -> int:
+    tok = rec.get("tokens_out")
+    return tok if tok is not None else rec.get("decode_tokens", 0)
+
+
+def stretch_figures(runs, nvml=()) -> dict:
+    """One mode's figures over its stretches (each a list of consecutive steps of that mode):
+    busy % and tokens/s over the working time; decode tokens/s, the tokens of steps without prefill over their
+    own periods (steady decoding, whatever the arrivals did); ms/step (run_periods, p50 as `ms_per_step`);
+    GPU idle per step (the gap before each step but a stretch's first, whose gap spans the switch; empty-queue
+    parts excluded) split by cause, and NVML (or host CPU) means over the stretches' windows."""
+    work_us = busy_us = decode_ms = 0.0
+    periods, idle, windows, steps = [], [], [], 0
+    by_cause: dict[str, float] = {}
+    tokens = decode_tok = 0
+    for run in runs:
+        spans = [r["compute_us"] for r in run if r.get("compute_us")]
+        steps += len(run)
+        tokens += sum(_tokens(r) for r in run)
+        if not spans:
+            continue
+        lo, hi = spans[0][0], max(c[1] for c in spans)
+        windows.append((lo, hi))
+        work_us += max(0.0, hi - lo - sum(empty_queue_us(r) for r in run[1:]))
+        busy_us += union_length(spans, lo, hi)
+        for rec, ms in run_periods(run):
+            periods.append(ms)
+            if rec["prefill_tokens"] == 0:
+                decode_ms += ms
+                decode_tok += _tokens(rec)
+        for r in run[1:]:
+            if r.get("gpu_idle_before_us") is None:
+                continue
+            idle.append(max(0.0, r["gpu_idle_before_us"] - empty_queue_us(r)))
+            for cause, us in (r.get("idle_by_cause_us") or {}).items():
+                if cause != "empty_queue":
+                    by_cause[cause] = by_cause.get(cause, 0.0) + us
+    samples = [x for x in nvml if any(lo <= x["t_us"] <= hi for lo, hi in windows)]
+
+    def mean(key):
+        vals = [x[key] for x in samples if x.get(key) is not None]
+        return round(sum(vals) / len(vals), 2) if vals else None
+
+    bases = sorted({r.get("compute_basis") for run in runs for r in run if r.get("compute_us")})
+    ms = percentiles(periods)
+    return {
+        "steps": steps, "stretches": len(runs),
+        "first_step": runs[0][0]["step"] if runs else None, "last_step": runs[-1][-1]["step"] if runs else None,
+        "work_s": round(work_us / 1e6, 6),
+        "busy_pct": round(100.0 * busy_us / work_us, 2) if work_us else None,
+        "busy_basis": bases[0] if len(bases) == 1 else ("mixed" if bases else None),
+        "tokens_out": tokens,
+        "tokens_per_s": round(tokens / (work_us / 1e6), 2) if work_us else None,
+        "decode_tokens_per_s": round(decode_tok / (decode_ms / 1e3), 2) if decode_ms else None,
+        "ms_per_step": ms["p50"], "step_ms": ms,
+        "idle_us_per_step": round(sum(idle) / len(idle), 1) if idle else None,
+        "idle_us_by_cause": {k: round(v, 1) for k, v in sorted(by_cause.items(), key=lambda kv: -kv[1])},
+        "gpu_util_mean": mean("gpu_util"), "cpu_pct_mean": mean("cpu_pct"),
+    }
+
+
+def per_mode(steps, nvml=()) -> dict:
+    """{"sync": figures, "async": figures} (stretch_figures) for the modes the steps ran in; `latest` in each is
+    the same figures over that mode's latest stretch only, what the page's scoreboard shows."""
+    out = {}
+    for mode in ("sync", "async"):
+        runs = stretches(steps, mode)
+        if runs:
+            out[mode] = {**stretch_figures(runs, nvml), "latest": stretch_figures(runs[-1:], nvml)}
+    return out
 
 
 def _step_periods(steps) -> tuple[list, list]:

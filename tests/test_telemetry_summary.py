@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from batchscope.telemetry import Telemetry, compare, percentiles, request_metrics, summarize
-from batchscope.telemetry.summary import union_length
+from batchscope.telemetry.summary import stretches, union_length
 from batchscope.telemetry.synthetic import SyntheticEngine
 
 
@@ -150,3 +150,34 @@ def test_compare_lists_shared_numeric_metrics():
     assert out["metrics"]["x.p50"]["ratio"] == 0.5
     assert out["metrics"]["idle_us_by_cause.update"] == {"a": 30.0, "b": 0.0, "diff": -30.0, "ratio": 0.0}
     assert "name" not in out["metrics"]
+
+
+def test_per_mode_figures_cover_each_modes_stretches_while_there_was_work():
+    # sync 0-2, async 3-6 (with a 1 ms pause with no request before 5), sync again 7-8; 1 token per step
+    steps = [step(0, (0, 10)), step(1, (20, 30), idle=10, parts={"fill": 10}),
+             step(2, (40, 50), idle=10, parts={"fill": 10}),
+             step(3, (55, 65), idle=5, parts={"launch": 5}, mode="async"), step(4, (65, 75), idle=0, mode="async"),
+             step(5, (1075, 1085), idle=1000, parts={"empty_queue": 1000}, mode="async"),
+             step(6, (1085, 1095), idle=0, mode="async"),
+             step(7, (1100, 1110), idle=5, parts={"update": 5}), step(8, (1120, 1130), idle=10, parts={"fill": 10})]
+    pm = summarize(steps)["per_mode"]
+    sync, run_async = pm["sync"], pm["async"]
+    assert (sync["steps"], sync["stretches"], run_async["steps"], run_async["stretches"]) == (5, 2, 4, 1)
+    # sync works 50 + 30 µs and computes 30 + 20 of them; a stretch's first gap (across the switch) is left out
+    assert sync["busy_pct"] == pytest.approx(62.5) and sync["work_s"] == pytest.approx(80e-6)
+    assert sync["ms_per_step"] == pytest.approx(0.02) and sync["idle_us_per_step"] == 10.0
+    assert sync["idle_us_by_cause"] == {"fill": 30.0}
+    assert sync["tokens_per_s"] == pytest.approx(5 / 80e-6)
+    assert sync["decode_tokens_per_s"] == pytest.approx(3 / 60e-6)      # steps 0, 1 and 7 over their periods
+    # async: the pause with no request counts against nothing
+    assert run_async["busy_pct"] == pytest.approx(100.0) and run_async["ms_per_step"] == pytest.approx(0.01)
+    assert run_async["idle_us_per_step"] == 0.0 and run_async["idle_us_by_cause"] == {}
+    assert sync["latest"]["first_step"] == 7 and sync["latest"]["busy_pct"] == pytest.approx(100 * 20 / 30, abs=0.01)
+    assert summarize(steps)["async_forecast"]["reason"].startswith("compute runs on the host")
+    assert summarize([])["per_mode"] == {}
+
+
+def test_stretches_split_at_a_switch_and_at_a_hole_in_the_step_numbers():
+    steps = [step(0, (0, 1)), step(1, (1, 2)), step(3, (5, 6)), step(4, (6, 7), mode="async")]
+    assert [[s["step"] for s in run] for run in stretches(steps)] == [[0, 1], [3], [4]]
+    assert [[s["step"] for s in run] for run in stretches(steps, "async")] == [[4]]

@@ -1,32 +1,41 @@
-/* The sticky header (#bs-header, rendered by app/ui.py): the mode badge and its sync/async toggle, the live
- * counters, and the status line. The server's messages and /api/status keep it current. */
+/* The sticky header (#bs-header, rendered by app/ui_html.py): the mode badge and its sync/async toggle, the live
+ * counters, and the status line. The server's messages and /api/status keep it current. While the charts show
+ * a replay, the header describes the replay instead (showView): no "live" badge, no toggle, the recording's
+ * device and NVML; back to live puts the engine's back. */
 import { api, socket } from "./api.js";
 import { state } from "./feed.js";
 import { $, fmt, note, setText } from "./util.js";
 
 const CONN_TEXT = { live: "live", connecting: "connecting…", reconnecting: "reconnecting…", error: "offline",
                     replay: "replay" };
+const seen = { conn: null, status: null, view: "" };   // the live side, kept while a replay is shown
+
+const viewingReplay = () => state.view.source === "replay";
 
 export function setConn(conn) {
+  if (conn !== "replay") seen.conn = conn;
   const el = $("bs-conn");
   if (!el) return;
-  el.dataset.state = conn;
-  el.textContent = CONN_TEXT[conn] || conn;
+  const shown = viewingReplay() ? "replay" : conn;
+  el.dataset.state = shown;
+  el.textContent = CONN_TEXT[shown] || shown;
 }
 
 export function setMode(m) {
   if (m !== "sync" && m !== "async") return;
   state.mode = m;
   const badge = $("bs-mode");
-  if (badge) { badge.dataset.mode = m; badge.textContent = m; }
+  if (badge && !viewingReplay()) { badge.dataset.mode = m; badge.textContent = m; }
   for (const k of ["sync", "async"]) {
     const b = $("bs-mode-" + k);
     if (b) { b.classList.toggle("active", k === m); b.setAttribute("aria-pressed", k === m ? "true" : "false"); }
   }
 }
 
-async function requestMode(m) {
-  if (!state.live || m === state.mode) return;
+export async function requestMode(m) {
+  if (!state.live) return;
+  if (viewingReplay()) { note("showing a replay: go back to live to switch the engine's mode", true); return; }
+  if (m === state.mode) return;
   const badge = $("bs-mode");
   if (badge) badge.classList.add("pending");
   try {
@@ -67,10 +76,69 @@ export function showRequests(r) {
 // The status line: model, device, GPU, NVML, from /api/status or the hello message (the same names in both).
 // Python renders it first; this keeps it right after reconnects.
 export function showStatus(s) {
+  seen.status = Object.assign({}, seen.status, s);
+  if (viewingReplay()) return;
   if (s.model) setText("bs-model", s.model);
   if (s.device) setText("bs-device", s.device);
   setText("bs-gpu", s.gpu_name || "none");
   setText("bs-nvml", s.nvml_available ? "available" : "not available");
+  if (s.nvml_reason !== undefined) setText("bs-nvml-note", !s.nvml_available && s.nvml_reason ? "(" + s.nvml_reason + ")" : "");
+}
+
+// The header follows what the charts show: a replay's model, device and NVML, or the live engine's.
+export function showView() {
+  const replay = viewingReplay() ? state.view.replay : null;
+  const key = replay ? "replay:" + state.view.replayName + ":" + replay.steps.length : "live";
+  if (key === seen.view) return;
+  seen.view = key;
+  const hdr = $("bs-header");
+  if (hdr) hdr.classList.toggle("bs-viewing-replay", !!replay);
+  const badge = $("bs-mode");
+  if (replay) {
+    const m = replay.meta || {};
+    if (badge) { badge.dataset.mode = "replay"; badge.textContent = "replay"; }
+    setText("bs-model", m.model || "?");
+    setText("bs-device", m.device || "?");
+    setText("bs-gpu", m.gpu || "none");
+    setText("bs-view-title", (state.view.replayName ? state.view.replayName + ": " : "") + (m.model || "?") + " on " + (m.gpu || m.device || "?"));
+    const gpuSamples = replay.nvml.filter(x => x.gpu_util !== null && x.gpu_util !== undefined).length;
+    setText("bs-nvml", gpuSamples ? "recorded" : "not recorded");
+    const onGpu = gpuSamples > 0 || String(m.device || "").startsWith("cuda");
+    showWhy(onGpu ? ((m.status && m.status.busy_note) || "gpu") : "cpu");
+    setText("bs-nvml-note", gpuSamples ? "(" + gpuSamples + " samples in the recording)"
+      : replay.nvml.length ? "(host CPU % samples only)" : "(no samples in the recording)");
+    setConn("replay");
+  } else if (state.live) {
+    showWhy(null);
+    if (state.mode) setMode(state.mode);
+    if (seen.status) {
+      showStatus(seen.status);
+      const st = seen.status;
+      if (st.model) setText("bs-view-title", st.model + " on " + (st.gpu_name || st.device || "?"));
+    }
+    setConn(seen.conn || (socket.open ? "live" : "connecting"));
+  }
+}
+
+// The explainer under the header: why NVML and event busy % differ on a GPU, or what a CPU run lacks. `which`
+// is "gpu", "cpu", a recording's own note, or null for the page's first text (the live engine's).
+function showWhy(which) {
+  const el = $("bs-why");
+  if (!el) return;
+  if (seen.why === undefined) seen.why = el.textContent;
+  const text = which === null ? seen.why : which === "gpu" ? el.dataset.gpu : which === "cpu" ? el.dataset.cpu : which;
+  if (text && el.textContent !== text) { el.textContent = text; el.title = text; }
+}
+
+// Without NVML the header shows this server's own CPU (the NVML sample's proc_cpu_pct, % of one core), not the
+// host's: the host's also counts the browser drawing this page, which alone reads 50% and more on a small box.
+export function showServerCpu(sample) {
+  const el = $("bs-st-cpu");
+  if (!el || !sample) return;
+  setText("bs-st-cpu", fmt(sample.proc_cpu_pct) + "%");
+  const host = sample.cpu_pct === null || sample.cpu_pct === undefined ? "" : "; the whole host: " + fmt(sample.cpu_pct) + "% of all cores";
+  const title = "this batchscope server's process: " + fmt(sample.proc_cpu_pct) + "% of one core" + host;
+  if (el.title !== title) el.title = title;
 }
 
 // The websocket carries the mode and the counters; this poll keeps them right while it is down.
@@ -80,6 +148,8 @@ export async function pollStatus() {
     const s = await api("/api/status", "GET", undefined, 5000);
     if (s.mode) setMode(s.mode);
     if (!socket.open) showCounters(s);
+    seen.status = Object.assign({}, seen.status, { model: s.model, device: s.device, gpu_name: s.gpu_name,
+                                                   nvml_available: s.nvml_available, nvml_reason: s.nvml_reason });
   } catch (e) { /* the connection badge already tells */ }
 }
 

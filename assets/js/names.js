@@ -1,0 +1,46 @@
+/* Words for what the records call by code names: idle causes (docs/timeline.md, "Idle causes") and mode-switch
+ * markers. The records keep their codes (firm names); people read these. */
+
+const CAUSE_LABEL = {
+  schedule: "host scheduling",
+  fill: "host filling the batch",
+  launch: "host launching",
+  wait: "host waiting on the last step",
+  update: "host updating requests",
+  h2d: "input copy (H2D)",
+  d2h: "output copy (D2H)",
+  telemetry: "telemetry",
+  empty_queue: "no requests",
+  host_other: "other host work",
+  none: "no cause recorded",
+};
+
+const CAUSE_HINT = {
+  schedule: "the engine thread was choosing the next batch",
+  fill: "the engine thread was writing the next batch's inputs",
+  launch: "the engine thread was launching the step (or the launch had not reached the GPU yet)",
+  wait: "the engine thread was waiting for the previous step's tokens",
+  update: "the engine thread was handing out the previous step's tokens",
+  h2d: "the step's inputs were still being copied to the GPU",
+  d2h: "the previous step's tokens were still being copied back",
+  telemetry: "telemetry was recording the previous step",
+  empty_queue: "there was no request to run: not the loop's fault",
+  host_other: "engine-thread time no span covers (loop bookkeeping)",
+  none: "",
+};
+
+export function causeLabel(cause) {
+  return CAUSE_LABEL[cause || "none"] || String(cause).replace(/_/g, " ");
+}
+
+export function causeHint(cause) {
+  return CAUSE_HINT[cause || "none"] || "";
+}
+
+// "→ sync at step 174": the step is the first one the new loop ran.
+export function switchLabel(change) {
+  return "→ " + change.to + (change.step !== undefined && change.step !== null ? " at step " + change.step : "");
+}
+
+// Text colours of the two modes that keep 4.5:1 on white (the chart colours themselves are lighter).
+export const MODE_INK = { sync: "#c2410c", async: "#1d4ed8" };

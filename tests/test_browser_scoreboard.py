@@ -1,0 +1,388 @@
+"""The presenter's page in a real browser (Playwright driving Debian's Chromium, headless): the per-mode scoreboard
+live and in replay, the async forecast on the H200 demo, presentation mode at projector size, text contrast,
+keyboard shortcuts, and what a CPU machine says and offers instead of a GPU.
+
+A presenter's story: on a laptop (tiny random model, CPU) the page says plainly that the async effect needs a
+device that computes while the host works, and opens the H200 recording in one click; under load, S and A switch
+the engine and the scoreboard fills a column per mode; P turns the page into a projector view where the Gantt and
+the busy chart fit above the fold of 1280x720 and every text passes WCAG AA. Set BATCHSCOPE_SCREENSHOTS=1 to
+write assets/screenshot-projector.png from the presentation-mode test.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+from batchscope.app.schemas import Limits  # noqa: E402
+from batchscope.app.server import ServerThread, create_app  # noqa: E402
+from batchscope.app.state import AppState  # noqa: E402
+from batchscope.engine.config import EngineConfig  # noqa: E402
+from batchscope.telemetry import summarize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "benchmarks/results/2026-11-29-h200/demo.timeline.json"
+EXAMPLE = ROOT / "assets/examples/h200-demo.timeline.json"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+        "--no-first-run", "--disable-component-update", "--disable-sync"]
+LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=512, max_burst_requests=64, max_concurrent_bursts=2,
+                max_waiting_requests=256)
+T = 30_000            # ms: generous for a slow CI box; every wait ends as soon as its condition holds
+PROJECTOR = {"width": 1280, "height": 720}
+AA = 4.5              # WCAG 2 AA contrast for normal-size text (we ask it of large text too)
+
+
+@pytest.fixture(scope="module")
+def server():
+    state = AppState.load(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
+                                       num_blocks=512, max_batch_tokens=512, max_running=32), LIMITS)
+    srv = ServerThread(create_app(state)).start()
+    yield srv
+    srv.stop()
+    state.close()
+
+
+@pytest.fixture(scope="module")
+def demo_server():
+    state = AppState.from_replay_file(DEMO)
+    srv = ServerThread(create_app(state)).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, url: str, viewport=None):
+    ctx = browser.new_context(viewport=viewport or {"width": 1600, "height": 1000})
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_selector("#bs-gantt .main-svg", timeout=T)
+    return ctx, page, errors
+
+
+def engine_mode(url: str) -> str:
+    with urllib.request.urlopen(url + "/api/status", timeout=10) as r:
+        return json.load(r)["mode"]
+
+
+def api(url: str, path: str, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url + path, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+class SteadyLoad:
+    """Bursts fired one after the other until stopped, so the engine stays busy while the page switches modes."""
+
+    def __init__(self, url: str):
+        self.url, self.stop = url, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.is_set():
+            bid = api(self.url, "/api/burst", {"num_requests": 24, "prompt_tokens": [16, 32],
+                                               "max_new_tokens": [400, 500], "ignore_eos": True})["burst_id"]
+            while not self.stop.is_set() and api(self.url, f"/api/bursts/{bid}")["state"] == "running":
+                time.sleep(0.2)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
+def board(page) -> dict:
+    return page.eval_on_selector("#bs-board", "el => Object.assign({}, el.dataset)")
+
+
+def num(d: dict, key: str) -> float | None:
+    return float(d[key]) if d.get(key) else None
+
+
+# Every visible text on the page: its colour composited over the backgrounds under it, and the WCAG ratio.
+CONTRAST_JS = """(rootSel) => {
+  const parse = c => { const m = /rgba?\\(([^)]+)\\)/.exec(c || ""); if (!m) return null;
+    const p = m[1].split(/[\\s,\\/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
+  const over = (fg, bg) => [0, 1, 2].map(i => fg[i] * fg[3] + bg[i] * (1 - fg[3])).concat([1]);
+  const lum = c => { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]); };
+  const background = el => {
+    const chain = []; for (let e = el; e && e.nodeType === 1; e = e.parentElement) chain.push(e);
+    let bg = [255, 255, 255, 1];
+    for (const e of chain.reverse()) { const c = parse(getComputedStyle(e).backgroundColor); if (c && c[3] > 0) bg = over(c, bg); }
+    return bg; };
+  const out = [];
+  for (const el of document.querySelectorAll(rootSel)) {
+    const own = Array.from(el.childNodes).some(n => n.nodeType === 3 && n.textContent.trim());
+    if (!own) continue;
+    if (el.closest("[disabled], .disabled, [aria-disabled='true'], .modebar-container, .hoverlayer")) continue;
+    if (!el.checkVisibility({ opacityProperty: true, visibilityProperty: true })) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width < 1 || r.height < 1) continue;
+    const cs = getComputedStyle(el);
+    let fg = parse(el instanceof SVGElement ? cs.fill : cs.color);
+    if (!fg) continue;
+    let alpha = fg[3];
+    for (let e = el; e && e.nodeType === 1; e = e.parentElement) alpha *= Number(getComputedStyle(e).opacity);
+    const bg = background(el);
+    const ink = over([fg[0], fg[1], fg[2], alpha], bg);
+    const [a, b] = [lum(ink), lum(bg)].sort((x, y) => y - x);
+    out.push({ text: el.textContent.trim().slice(0, 50), ratio: Math.round(100 * (a + 0.05) / (b + 0.05)) / 100,
+               size: parseFloat(cs.fontSize), color: el instanceof SVGElement ? cs.fill : cs.color, tag: el.tagName });
+  }
+  return out;
+}"""
+
+
+def low_contrast(page, selector: str = "body *") -> list[dict]:
+    texts = page.evaluate(CONTRAST_JS, selector)
+    assert len(texts) > 30, texts            # the check saw the page's text, not an empty shell
+    return [t for t in texts if t["ratio"] < AA]
+
+
+def test_cpu_page_says_why_and_opens_the_h200_example(server, browser):
+    ctx, page, errors = open_page(browser, server.url + "/")
+    try:
+        # plainly: no GPU, so the two loops look alike, and why
+        page.wait_for_selector("#bs-nogpu", state="visible", timeout=T)
+        notice = page.text_content("#bs-nogpu")
+        assert "needs a device that computes while the host works" in notice, notice
+        # the header's CPU reading is the server's own process, not the host (which runs this browser too)
+        assert page.query_selector("#bs-st-nvml") is None
+        page.wait_for_function("/^\\d+%$/.test(document.getElementById('bs-st-cpu').textContent)", timeout=T)
+        assert "this batchscope server" in page.get_attribute("#bs-st-cpu", "title")
+        idle_cpu = float(page.text_content("#bs-st-cpu").rstrip("%"))
+        assert idle_cpu < 50, f"an idle server should not read {idle_cpu}% of a core"
+
+        # one click: the H200 recording in the same charts, with loading feedback, as a replay
+        page.click("#bs-example")
+        page.wait_for_selector("#bs-scope[data-source='replay']", timeout=T)
+        page.wait_for_selector("#bs-replay-loading", state="hidden", timeout=T)
+        page.wait_for_function("document.getElementById('bs-board').dataset.scope === 'replay'", timeout=T)
+        assert "H200 example" in page.text_content("#bs-replay-text")
+        # the page stops contradicting itself: no live badge, no toggle, the recording's device and NVML
+        assert page.text_content("#bs-conn") == "replay"
+        assert page.text_content("#bs-mode") == "replay"
+        assert not page.is_visible("#bs-mode-sync") and not page.is_visible("#bs-mode-async")
+        assert page.text_content("#bs-device") == "cuda" and page.text_content("#bs-gpu") == "NVIDIA H200"
+        assert page.text_content("#bs-nvml") == "recorded"
+        assert "No NVML on this device" not in page.text_content("#bs-why")
+        assert not page.is_visible("#bs-nogpu")
+        # the scoreboard shows the recording's per-mode figures: those of its summary
+        doc = json.loads(EXAMPLE.read_text())
+        b = board(page)
+        pm = doc["summary"]["per_mode"]
+        assert num(b, "syncMs") == pytest.approx(pm["sync"]["ms_per_step"], abs=1e-3)
+        assert num(b, "asyncMs") == pytest.approx(pm["async"]["ms_per_step"], abs=1e-3)
+        assert num(b, "forecastMs") == pytest.approx(doc["summary"]["async_forecast"]["forecast_ms_per_step"]["p50"],
+                                                     abs=1e-3)
+
+        # back to live: the engine's badge, toggle and device return
+        page.click("#bs-back-live")
+        page.wait_for_selector("#bs-scope[data-source='live']", timeout=T)
+        page.wait_for_function("document.getElementById('bs-conn').textContent === 'live'", timeout=T)
+        assert page.is_visible("#bs-mode-sync") and page.text_content("#bs-device") == "cpu"
+        assert page.text_content("#bs-mode") in ("sync", "async")
+        assert page.is_visible("#bs-nogpu")
+        assert not errors, errors
+    finally:
+        ctx.close()
+
+
+def test_live_scoreboard_fills_per_mode_and_keys_switch_the_engine(server, browser):
+    api(server.url, "/api/mode", {"mode": "async"})
+    ctx, page, errors = open_page(browser, server.url + "/")
+    try:
+        page.wait_for_selector("#bs-conn[data-state='live']", timeout=T)
+        # the shortcuts are on the page, on the toggle's tooltips and in the header
+        assert "(key S)" in page.get_attribute("#bs-mode-sync", "title")
+        assert "(key A)" in page.get_attribute("#bs-mode-async", "title")
+        assert "S sync" in page.text_content("#bs-keys") and "P presentation" in page.text_content("#bs-keys")
+        with SteadyLoad(server.url):
+            page.wait_for_function("+document.getElementById('bs-board').dataset.asyncSteps >= 30", timeout=60_000)
+            page.keyboard.press("s")
+            page.wait_for_selector("#bs-mode[data-mode='sync']", timeout=T)
+            assert engine_mode(server.url) == "sync"
+            page.wait_for_function("+document.getElementById('bs-board').dataset.syncSteps >= 30", timeout=60_000)
+            b = board(page)
+            assert b["scope"] == "live"
+            for key in ("syncMs", "asyncMs", "syncTps", "asyncTps", "syncBusy", "asyncBusy", "ratioMs"):
+                assert num(b, key) and num(b, key) > 0, (key, b)
+            assert num(b, "ratioMs") == pytest.approx(num(b, "syncMs") / num(b, "asyncMs"), rel=1e-2)
+            rows = page.eval_on_selector_all("#bs-board .bs-board-table tbody tr",
+                                             "rs => rs.map(r => [r.dataset.key, r.querySelector('.bs-ratio').textContent])")
+            ratios = dict(rows)
+            assert "×" in ratios["msPerStep"] and ("faster" in ratios["msPerStep"] or "slower" in ratios["msPerStep"])
+            assert "pts" in ratios["busyPct"]
+            # the column of the engine's current mode is marked
+            assert page.text_content("#bs-board .bs-board-table thead th.now").startswith("sync")
+            # on a CPU there is nothing to hide: the forecast says so instead of a number
+            assert page.get_attribute("#bs-forecast", "data-applicable") == "0"
+            assert "host" in page.text_content("#bs-forecast")
+            page.keyboard.press("a")
+            page.wait_for_selector("#bs-mode[data-mode='async']", timeout=T)
+            assert engine_mode(server.url) == "async"
+        # typing in a field is typing, not a shortcut
+        page.click("#bs-prompt textarea")
+        page.keyboard.type("s")
+        time.sleep(0.5)
+        assert engine_mode(server.url) == "async"
+        # P toggles presentation mode (once the field is left: a click on the chart would keep its focus)
+        page.click("#bs-header .bs-brand")
+        page.keyboard.press("p")
+        page.wait_for_function("document.documentElement.classList.contains('bs-present')", timeout=T)
+        assert not page.is_visible("#bs-side")
+        page.keyboard.press("p")
+        page.wait_for_function("!document.documentElement.classList.contains('bs-present')", timeout=T)
+        assert page.is_visible("#bs-side")
+        assert not errors, errors
+    finally:
+        ctx.close()
+
+
+def test_demo_replay_scoreboard_forecast_and_summary_agree(demo_server, browser):
+    ctx, page, errors = open_page(browser, demo_server.url + "/")
+    try:
+        page.wait_for_function("document.getElementById('bs-board').dataset.scope === 'replay'", timeout=T)
+        doc = json.loads(DEMO.read_text())
+        s = summarize(doc["steps"], doc["requests"], doc["nvml"])
+        pm, fc = s["per_mode"], s["async_forecast"]
+        b = board(page)
+        for mode in ("sync", "async"):
+            assert int(b[mode + "Steps"]) == pm[mode]["steps"]
+            assert num(b, mode + "Ms") == pytest.approx(pm[mode]["ms_per_step"], abs=1e-3)
+            assert num(b, mode + "Busy") == pytest.approx(pm[mode]["busy_pct"], abs=0.01)
+            assert num(b, mode + "Tps") == pytest.approx(pm[mode]["decode_tokens_per_s"], rel=1e-4)
+            assert num(b, mode + "Idle") == pytest.approx(pm[mode]["idle_us_per_step"], abs=0.1)
+        # async is faster, busier and idles less per step, and the scoreboard says by how much
+        assert num(b, "ratioMs") == pytest.approx(pm["sync"]["ms_per_step"] / pm["async"]["ms_per_step"], abs=1e-3)
+        assert num(b, "ratioMs") > 1.1
+        # the forecast from the sync spans, beside the measured async figure
+        assert num(b, "forecastMs") == pytest.approx(fc["forecast_ms_per_step"]["p50"], abs=1e-3)
+        assert num(b, "forecastAsyncMs") == pytest.approx(fc["measured_async_ms_per_step"]["p50"], abs=1e-3)
+        assert num(b, "forecastError") == pytest.approx(fc["forecast_error_pct"], abs=0.05)
+        assert page.text_content("#bs-fc-ms") == f"{fc['forecast_ms_per_step']['p50']:.2f}"
+        assert "measured async" in page.text_content("#bs-forecast")
+        # the replay side panel: figures per mode, the forecast, and NVML as recorded (no "not available")
+        modes = page.text_content("#bs-replay-modes")
+        assert "GPU busy % (events)" in modes and "85.8%" in modes and "99.0%" in modes
+        assert "6.76" in page.text_content("#bs-replay-forecast")
+        assert page.text_content("#bs-nvml") == "recorded"
+        assert "not available" not in page.text_content("#bs-header")
+        # readable idle causes and switch markers
+        assert "host filling the batch" in page.text_content("#bs-board")
+        labels = page.eval_on_selector_all("#bs-gantt .annotation-text", "els => els.map(e => e.textContent)")
+        assert "→ sync at step 174" in labels, labels
+        assert not errors, errors
+    finally:
+        ctx.close()
+
+
+def test_presentation_mode_fits_a_projector_and_every_text_passes_aa(demo_server, browser, tmp_path):
+    ctx, page, errors = open_page(browser, demo_server.url + "/?present=1", PROJECTOR)
+    try:
+        page.wait_for_function("document.documentElement.classList.contains('bs-present')", timeout=T)
+        page.wait_for_function("document.getElementById('bs-board').dataset.scope === 'replay'", timeout=T)
+        time.sleep(1.0)                          # the charts take their presentation width
+        assert not page.is_visible("#bs-side") and not page.is_visible("#bs-why")
+        assert page.evaluate("window.scrollY") == 0
+        for el in ("#bs-gantt", "#bs-c-busy", "#bs-board .bs-board-table"):
+            box = page.eval_on_selector(el, "e => { const r = e.getBoundingClientRect(); return [r.top, r.bottom, r.left, r.right]; }")
+            assert box[0] >= 0 and box[1] <= PROJECTOR["height"], (el, box)
+            assert box[2] >= 0 and box[3] <= PROJECTOR["width"], (el, box)
+        # the Gantt really fills its width (Plotly followed the new layout), and the busy chart has data
+        gantt_w = page.eval_on_selector("#bs-gantt .main-svg", "e => e.getBoundingClientRect().width")
+        scope_w = page.eval_on_selector("#bs-scope", "e => e.getBoundingClientRect().width")
+        assert 0.9 * scope_w <= gantt_w <= scope_w, (gantt_w, scope_w)
+        # larger text: lane labels, ticks and the scoreboard's figures
+        lane = page.eval_on_selector("#bs-gantt .ytick text", "e => parseFloat(getComputedStyle(e).fontSize)")
+        tick = page.eval_on_selector("#bs-gantt .xtick text", "e => parseFloat(getComputedStyle(e).fontSize)")
+        figure = page.eval_on_selector("#bs-board .bs-board-table tbody td.sync", "e => parseFloat(getComputedStyle(e).fontSize)")
+        assert lane >= 13 and tick >= 12 and figure >= 24, (lane, tick, figure)
+        # WCAG AA for every text on the page, HTML and the charts' SVG alike
+        bad = low_contrast(page)
+        assert not bad, bad
+        if os.environ.get("BATCHSCOPE_SCREENSHOTS") == "1":
+            page.screenshot(path=str(ROOT / "assets/screenshot-projector.png"))
+        page.screenshot(path=str(tmp_path / "projector.png"))
+        # Escape leaves presentation mode
+        page.keyboard.press("Escape")
+        page.wait_for_function("!document.documentElement.classList.contains('bs-present')", timeout=T)
+        assert page.is_visible("#bs-side")
+        assert not errors, errors
+    finally:
+        ctx.close()
+
+
+def test_header_and_scoreboard_pass_aa_outside_presentation_mode(server, browser):
+    """The explainer under the header read 2.35:1; the header, the notice, the scoreboard and the charts pass."""
+    ctx, page, errors = open_page(browser, server.url + "/")
+    try:
+        page.wait_for_selector("#bs-conn[data-state='live']", timeout=T)
+        bad = [t for t in low_contrast(page, "#bs-header *, #bs-stage *")]
+        assert not bad, bad
+    finally:
+        ctx.close()
+
+
+def big_timeline(path: Path, copies: int) -> int:
+    """The demo's steps repeated `copies` times one after the other: a valid recording of several MB."""
+    doc = json.loads(DEMO.read_text())
+    steps, span_us, n = doc["steps"], doc["summary"]["t1_us"] + 10_000, len(doc["steps"]) + 10
+
+    def shifted(rec, k):
+        rec = json.loads(json.dumps(rec))
+        rec["step"] += k * n
+        for group in ("cpu", "gpu"):
+            for key, v in (rec.get(group) or {}).items():
+                rec[group][key] = [v[0] + k * span_us, v[1] + k * span_us]
+        if rec.get("compute_us"):
+            rec["compute_us"] = [rec["compute_us"][0] + k * span_us, rec["compute_us"][1] + k * span_us]
+        return rec
+
+    doc["steps"] = [shifted(r, k) for k in range(copies) for r in steps]
+    path.write_text(json.dumps(doc))
+    return path.stat().st_size
+
+
+def test_a_five_megabyte_replay_shows_loading_feedback(server, browser, tmp_path):
+    path = tmp_path / "big.timeline.json"
+    size = big_timeline(path, 9)
+    assert size > 5 << 20
+    ctx, page, errors = open_page(browser, server.url + "/")
+    try:
+        page.set_input_files("#bs-file", str(path))
+        page.wait_for_selector("#bs-replay-loading", state="visible", timeout=2000)
+        text = page.text_content("#bs-replay-loading")
+        assert "big.timeline.json" in text and "MB" in text, text
+        page.wait_for_selector("#bs-scope[data-source='replay']", timeout=60_000)
+        page.wait_for_selector("#bs-replay-loading", state="hidden", timeout=T)
+        assert int(page.get_attribute("#bs-scope", "data-steps")) == 9 * 526
+        assert page.text_content("#bs-conn") == "replay"
+        assert not errors, errors
+    finally:
+        ctx.close()
