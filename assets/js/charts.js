@@ -1,60 +1,148 @@
 /* The six small charts under the Gantt: busy % (events vs NVML), throughput, batch composition, KV cache,
- * queue depth, and step interval vs idle gap. Every chart shares the x range and the sync/async tint. */
-import { state } from "./feed.js";
-import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, draw, modeRuns, modeShapes, titled } from "./plot.js";
+ * queue depth, and step interval vs idle gap. Every chart shares the x range and the sync/async tint.
+ *
+ * Each chart is drawn on its own (drawChart), from a context made once per picture (chartContext), so the
+ * redraw scheduler can spread a picture over several turns of the event loop. The rates are re-binned to the
+ * window: a fixed number of points across it, each the average over a window of at least four steps, so a
+ * zoom narrower than a step still shows the local busy % and tokens/s instead of an empty chart. */
+import { dataExtent, samplesAround, state, stepRange, stepsAround } from "./feed.js";
+import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, draw, fontPx, modeRuns, modeShapes, titled } from "./plot.js";
 import { $ } from "./util.js";
 
+export const CHARTS = ["bs-c-busy", "bs-c-tps", "bs-c-batch", "bs-c-kv", "bs-c-queue", "bs-c-step"];
 const CHART_HEIGHT = 210;
-const BINS = 100;
+const POINTS = 120;                        // points across the window for the rates
+const MIN_STEPS_PER_POINT = 4;             // fewer, and a busy % of whole and empty steps saws up and down
+const MAX_LINE_POINTS = 1500;              // per-step series beyond this are bucketed (SVG paths stay short)
 
-export function renderCharts(d, steps, lo, hi) {
-  const dataEnd = state.view.source === "live" ? Math.min(hi, state.store.lastT) : hi;
-  const bins = makeBins(lo, hi, dataEnd, BINS, steps);
-  const shapes = bandShapes(modeRuns(steps)).concat(modeShapes(d, lo, hi, false).shapes);
-  const layout = (title, extra) => baseLayout(lo, hi, Object.assign({ height: CHART_HEIGHT, title: titled(title), shapes }, extra));
-  drawBusyAndThroughput(d, steps, bins, lo, hi, layout);
-  drawBatchKvQueue(steps, lo, hi, layout);
-  drawStepInterval(steps, lo, hi, layout);
+// What every chart of one picture needs, computed once; the rates only when a chart asks for them.
+export function chartContext(d, lo, hi) {
+  const near = stepsAround(d.steps, lo, hi, 1);
+  const shapes = bandShapes(modeRuns(near)).concat(modeShapes(d, lo, hi, false).shapes);
+  const ctx = { d, lo, hi, near, shapes, _rates: null };
+  ctx.layout = (title, extra) => baseLayout(lo, hi, Object.assign({ height: CHART_HEIGHT, title: titled(title), shapes }, extra));
+  ctx.rates = () => ctx._rates || (ctx._rates = rates(d, lo, hi));
+  ctx.prepare = () => { ctx.rates(); return ctx; };
+  return ctx;
 }
 
-// GPU busy %: union of compute spans per bin, measured with events; NVML beside it. Then tokens/s per bin.
-function drawBusyAndThroughput(d, steps, bins, lo, hi, layout) {
-  const busy = new Float64Array(bins.count), tok = new Float64Array(bins.count), pre = new Float64Array(bins.count);
-  let gpuSeen = false, hostBasis = false;
-  for (const s of steps) {
-    const c = s._cs;
-    if (c) { gpuSeen = true; hostBasis = hostBasis || s._hostCompute; addOverlap(busy, bins, c[0], c[1]); }
-    const i = Math.floor((s._e - bins.lo) / bins.w);
-    if (i >= 0 && i < bins.count) { tok[i] += s._tok; pre[i] += s.prefill_tokens || 0; }
+export function drawChart(id, ctx) {
+  const el = $(id);
+  if (!el) return;
+  ({ "bs-c-busy": drawBusy, "bs-c-tps": drawThroughput, "bs-c-batch": drawBatch, "bs-c-kv": drawKv,
+     "bs-c-queue": drawQueue, "bs-c-step": drawStepInterval })[id](el, ctx);
+}
+
+// ---------------------------------------------------------------- rates: busy % and tokens/s
+
+// The typical time between steps (median of successive compute starts, sampled) in steps[a..z), for the
+// averaging window.
+function typicalInterval(steps, a, z) {
+  const stride = Math.max(1, Math.floor((z - a - 1) / 200)), diffs = [];
+  for (let i = a + 1; i < z; i += stride) { const v = steps[i]._c - steps[i - 1]._c; if (v > 0) diffs.push(v); }
+  diffs.sort((x, y) => x - y);
+  return diffs.length ? diffs[diffs.length >> 1] : 0;
+}
+
+// Busy % and tokens/s at POINTS points across [lo, hi], each over a window `win` wide centred on it: the
+// time the compute spans cover in the window, and the tokens of steps that ended in it, over its length.
+// Windows are clipped to where there is data, so the edges of a recording do not dip.
+function rates(d, lo, hi) {
+  const binW = (hi - lo) / POINTS;
+  const interval = typicalInterval(d.steps, ...stepRange(d.steps, lo, hi, MIN_STEPS_PER_POINT));
+  const win = Math.max(binW, MIN_STEPS_PER_POINT * interval, 200);
+  const [a, z] = stepRange(d.steps, lo - win, hi + win, 2);
+  let [x0, x1] = dataExtent(d);
+  if (state.view.source === "live" && z > a) {
+    // the step in flight is not reported yet: stop at the last one, unless the engine has been idle a while
+    x1 = Math.max(d.steps[z - 1]._e, state.store.lastT - 2 * Math.max(interval, 1e5));
   }
-  const bx = [], by = [], tx = [], ty = [], py = [];
-  for (let i = 0; i < bins.count; i++) {
-    bx.push(bins.mid(i)); by.push(Math.min(100, 100 * busy[i] / bins.w));
-    tx.push(bins.mid(i)); ty.push(tok[i] / (bins.w / 1e6)); py.push(pre[i] / (bins.w / 1e6));
+  const compute = cumulativeSpans(d.steps, a, z), tokens = cumulativeTokens(d.steps, a, z);
+  let hostBasis = false;
+  for (let i = a; i < z && !hostBasis; i++) hostBasis = d.steps[i]._hostCompute;
+  const out = { x: [], busy: [], tok: [], pre: [], win, gpuSeen: compute.n > 0, hostBasis };
+  for (let i = 0; i < POINTS; i++) {
+    const mid = lo + (i + 0.5) * binW;
+    const l = Math.max(mid - win / 2, x0), r = Math.min(mid + win / 2, x1);
+    if (!(r - l >= win / 4)) continue;      // too little data under this point to say anything
+    out.x.push(mid / 1e6);
+    out.busy.push(Math.min(100, 100 * (compute.at(r) - compute.at(l)) / (r - l)));
+    const per = 1e6 / (r - l);
+    out.tok.push((tokens.at(r, 0) - tokens.at(l, 0)) * per);
+    out.pre.push((tokens.at(r, 1) - tokens.at(l, 1)) * per);
   }
-  const { nv, nvKey } = utilization(d.nvml, lo, hi);
+  return out;
+}
+
+// Index of the first of n sorted values greater than t.
+function after(sorted, n, t) {
+  let lo = 0, hi = n;
+  while (lo < hi) { const m = (lo + hi) >> 1; if (sorted[m] <= t) lo = m + 1; else hi = m; }
+  return lo;
+}
+
+// at(t): total compute time before t, from the compute spans of steps[a..z) merged, with prefix sums.
+// Steps come in order, so their spans do too; a sort is needed only when they do not.
+function cumulativeSpans(steps, a, z) {
+  let spans = [];
+  for (let i = a; i < z; i++) if (steps[i]._cs) spans.push(steps[i]._cs);
+  if (spans.some((v, i) => i && v[0] < spans[i - 1][0])) spans = spans.slice().sort((x, y) => x[0] - y[0]);
+  const S = new Float64Array(spans.length), E = new Float64Array(spans.length), P = new Float64Array(spans.length + 1);
+  let n = 0;
+  for (const [s, e] of spans) {
+    if (n && s <= E[n - 1]) { if (e > E[n - 1]) { P[n] += e - E[n - 1]; E[n - 1] = e; } continue; }
+    S[n] = s; E[n] = e; P[n + 1] = P[n] + e - s; n++;
+  }
+  const at = t => {
+    const k = after(S, n, t);
+    return k ? P[k - 1] + Math.min(t, E[k - 1]) - S[k - 1] : 0;
+  };
+  return { at, n };
+}
+
+// at(t, k): generated (k = 0) or prefill (k = 1) tokens of the steps in steps[a..z) that ended before t.
+function cumulativeTokens(steps, a, z) {
+  let order = steps.slice(a, z);
+  if (order.some((s, i) => i && s._e < order[i - 1]._e)) order.sort((x, y) => x._e - y._e);
+  const n = order.length, T = new Float64Array(n), G = new Float64Array(n + 1), F = new Float64Array(n + 1);
+  order.forEach((s, i) => { T[i] = s._e; G[i + 1] = G[i] + s._tok; F[i + 1] = F[i] + (s.prefill_tokens || 0); });
+  return { at: (t, k) => (k ? F : G)[after(T, n, t)] };
+}
+
+function duration(us) {
+  return us >= 1e6 ? (us / 1e6).toFixed(us >= 1e7 ? 0 : 1) + " s" : us >= 1e3 ? Math.round(us / 1e3) + " ms" : Math.round(us) + " µs";
+}
+
+// ---------------------------------------------------------------- the charts
+
+// GPU busy %: the share of each window the compute spans cover, measured with events; NVML beside it.
+function drawBusy(el, ctx) {
+  const r = ctx.rates();
+  const { nv, nvKey } = utilization(samplesAround(ctx.d.nvml, ctx.lo, ctx.hi));
   const nvName = nvKey === "gpu_util" ? "NVML util" : "host CPU % (no NVML)";
-  const busyName = hostBasis ? "compute busy % (host spans)" : "event busy %";
-  const busyTraces = [];
-  if (gpuSeen) busyTraces.push(line(busyName, { x: bx, y: by }, COLOR.compute, { fill: "tozeroy", fillcolor: "rgba(22,163,74,0.12)" }));
-  busyTraces.push(line(nvName, nv, "#475569", { mode: "lines", line: { color: "#475569", width: 1.2, dash: "dash" } }));
-  draw($("bs-c-busy"), busyTraces, layout("Busy %: " + (hostBasis ? "compute spans (host)" : "CUDA events") +
-                                          (nvKey === "gpu_util" ? " vs NVML" : nvKey ? " vs host CPU" : ""), {
-    yaxis: { range: [0, 105], gridcolor: GRID, ticksuffix: "%", tickfont: { size: 10 }, zeroline: false },
+  const busyName = r.hostBasis ? "compute busy % (host spans)" : "event busy %";
+  const traces = [];
+  if (r.gpuSeen) traces.push(line(busyName, { x: r.x, y: r.busy }, COLOR.compute, { fill: "tozeroy", fillcolor: "rgba(22,163,74,0.12)" }));
+  traces.push(line(nvName, nv, "#475569", { mode: "lines", line: { color: "#475569", width: 1.2, dash: "dash" } }));
+  draw(el, traces, ctx.layout("Busy %: " + (r.hostBasis ? "compute spans (host)" : "CUDA events") +
+                              (nvKey === "gpu_util" ? " vs NVML" : nvKey ? " vs host CPU" : "") + ` · per ${duration(r.win)}`, {
+    yaxis: { range: [0, 105], gridcolor: GRID, ticksuffix: "%", tickfont: { size: fontPx(10) }, zeroline: false, fixedrange: true },
   }));
-
-  draw($("bs-c-tps"), [
-    line("generated tok/s", { x: tx, y: ty }, COLOR.async, { fill: "tozeroy", fillcolor: "rgba(37,99,235,0.10)", hovertemplate: "%{y:.0f}" }),
-    line("prefill tok/s", { x: tx, y: py }, COLOR.fill, { hovertemplate: "%{y:.0f}" }),
-  ], layout("Throughput (tokens/s)"));
 }
 
-// NVML utilization in [lo, hi], or host CPU % where the samples carry no GPU utilization.
-function utilization(samples, lo, hi) {
+function drawThroughput(el, ctx) {
+  const r = ctx.rates();
+  draw(el, [
+    line("generated tok/s", { x: r.x, y: r.tok }, COLOR.async, { fill: "tozeroy", fillcolor: "rgba(37,99,235,0.10)", hovertemplate: "%{y:.0f}" }),
+    line("prefill tok/s", { x: r.x, y: r.pre }, COLOR.fill, { hovertemplate: "%{y:.0f}" }),
+  ], ctx.layout(`Throughput (tokens/s) · per ${duration(r.win)}`));
+}
+
+// NVML utilization, or host CPU % where the samples carry no GPU utilization.
+function utilization(samples) {
   const nv = { x: [], y: [] };
   let nvKey = null;
   for (const s of samples) {
-    if (s.t_us < lo || s.t_us > hi) continue;
     const v = s.gpu_util !== undefined && s.gpu_util !== null ? (nvKey = nvKey || "gpu_util", s.gpu_util)
       : s.cpu_pct;
     if (v === undefined || v === null) continue;
@@ -64,70 +152,55 @@ function utilization(samples, lo, hi) {
   return { nv, nvKey };
 }
 
-function drawBatchKvQueue(steps, lo, hi, layout) {
-  // Batch: tokens per step split prefill / decode (stacked), and the batch size.
-  const dec = perStep(steps, lo, hi, s => s.decode_tokens || 0);
-  const pf = perStep(steps, lo, hi, s => (s.decode_tokens || 0) + (s.prefill_tokens || 0));
-  const bs = perStep(steps, lo, hi, s => s.num_requests);
-  draw($("bs-c-batch"), [
+// Batch: tokens per step split prefill / decode (stacked), and the batch size.
+function drawBatch(el, ctx) {
+  const dec = perStep(ctx, s => s.decode_tokens || 0);
+  const pf = perStep(ctx, s => (s.decode_tokens || 0) + (s.prefill_tokens || 0));
+  const bs = perStep(ctx, s => s.num_requests);
+  draw(el, [
     line("decode tok/step", dec, COLOR.update, { fill: "tozeroy", fillcolor: "rgba(20,184,166,0.25)", line: { color: COLOR.update, width: 1, shape: "hv" } }),
     line("+ prefill tok/step", pf, COLOR.fill, { fill: "tonexty", fillcolor: "rgba(236,72,153,0.18)", line: { color: COLOR.fill, width: 1, shape: "hv" } }),
     line("batch size", bs, "#0f172a", { line: { color: "#0f172a", width: 1.4, dash: "dot", shape: "hv" } }),
-  ], layout("Batch: tokens per step, prefill vs decode"));
+  ], ctx.layout("Batch: tokens per step, prefill vs decode"));
+}
 
-  draw($("bs-c-kv"), [
-    line("KV used %", perStep(steps, lo, hi, s => s.kv_blocks_total ? 100 * s.kv_blocks_used / s.kv_blocks_total : null),
+function drawKv(el, ctx) {
+  draw(el, [
+    line("KV used %", perStep(ctx, s => s.kv_blocks_total ? 100 * s.kv_blocks_used / s.kv_blocks_total : null),
          "#7c3aed", { fill: "tozeroy", fillcolor: "rgba(124,58,237,0.12)", line: { color: "#7c3aed", width: 1.6, shape: "hv" } }),
-  ], layout("KV cache usage", {
-    yaxis: { range: [0, 100], ticksuffix: "%", gridcolor: GRID, zeroline: false, tickfont: { size: 10 } } }));
+  ], ctx.layout("KV cache usage", {
+    yaxis: { range: [0, 100], ticksuffix: "%", gridcolor: GRID, zeroline: false, tickfont: { size: fontPx(10) }, fixedrange: true } }));
+}
 
-  draw($("bs-c-queue"), [
-    line("queue", perStep(steps, lo, hi, s => s.queue_depth), "#dc2626", { line: { color: "#dc2626", width: 1.6, shape: "hv" } }),
+function drawQueue(el, ctx) {
+  draw(el, [
+    line("queue", perStep(ctx, s => s.queue_depth), "#dc2626", { line: { color: "#dc2626", width: 1.6, shape: "hv" } }),
     // `running` is optional in batchscope.timeline/1: older files have only the batch size
-    line("running", perStep(steps, lo, hi, s => s.running ?? s.num_requests), "#0f172a", { line: { color: "#0f172a", width: 1.2, shape: "hv" } }),
-  ], layout("Queue depth"));
+    line("running", perStep(ctx, s => s.running ?? s.num_requests), "#0f172a", { line: { color: "#0f172a", width: 1.2, shape: "hv" } }),
+  ], ctx.layout("Queue depth"));
 }
 
 // Step interval (compute start to compute start) against the GPU idle gap before each step.
 // A step after an empty queue is left out: its "interval" is the engine idling, not the loop's cost.
-function drawStepInterval(steps, lo, hi, layout) {
+function drawStepInterval(el, ctx) {
   let prev = null;
   const busyStep = s => !NO_WORK.has(s.idle_cause);
-  const interval = perStep(steps, lo, hi, s => {
+  const interval = perStep(ctx, s => {
     const v = prev === null || !busyStep(s) ? null : (s._c - prev) / 1000; prev = s._c; return v; }, "max");
-  const gap = perStep(steps, lo, hi, s => busyStep(s) ? (s.gpu_idle_before_us || 0) / 1000 : null, "max");
-  draw($("bs-c-step"), [
+  const gap = perStep(ctx, s => busyStep(s) ? (s.gpu_idle_before_us || 0) / 1000 : null, "max");
+  draw(el, [
     line("step interval ms", interval, "#334155", { line: { color: "#334155", width: 1.3 } }),
     line("GPU idle before step ms", gap, "#ef4444", { fill: "tozeroy", fillcolor: "rgba(239,68,68,0.12)", line: { color: "#ef4444", width: 1.2 } }),
-  ], layout("Step interval vs GPU idle gap (ms)"));
+  ], ctx.layout("Step interval vs GPU idle gap (ms)"));
 }
 
-// ---------------------------------------------------------------- binning
-
-// Fixed-width bins across [lo, hi]; the trailing partial bin of a live window is dropped (it would dip).
-// A bin spans at least four step intervals, or a busy % made of whole and empty bins would saw up and down.
-function makeBins(lo, hi, dataEnd, n, steps) {
-  const k = steps.length;
-  const interval = k > 1 ? (steps[k - 1]._c - steps[0]._c) / (k - 1) : 0;
-  const w = Math.max((hi - lo) / n, 4 * interval, 500);
-  const count = Math.max(1, Math.floor((Math.min(hi, dataEnd) - lo) / w));
-  return { lo, w, count, mid: i => (lo + (i + 0.5) * w) / 1e6 };
-}
-
-function addOverlap(arr, bins, a, b) {
-  let i = Math.max(0, Math.floor((a - bins.lo) / bins.w));
-  for (; i < bins.count; i++) {
-    const bl = bins.lo + i * bins.w, br = bl + bins.w;
-    if (bl >= b) break;
-    const o = Math.min(b, br) - Math.max(a, bl);
-    if (o > 0) arr[i] += o;
-  }
-}
-
-// Too many per-step points for SVG: keep one point per bucket (mean, or max for spiky series).
-function perStep(steps, lo, hi, fn, agg) {
+// One point per step in the window and its neighbours (so a window inside one step still shows that step's
+// value); past MAX_LINE_POINTS, one point per bucket (mean, or max for spiky series). fn is called on every
+// step in order, so it may keep state (the step interval does).
+function perStep(ctx, fn, agg) {
+  const { near: steps, lo, hi } = ctx;
   const x = [], y = [];
-  if (steps.length <= 1500) {
+  if (steps.length <= MAX_LINE_POINTS) {
     for (const s of steps) { const v = fn(s); if (v !== null && v !== undefined) { x.push(s._s / 1e6); y.push(v); } }
     return { x, y };
   }

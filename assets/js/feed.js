@@ -20,6 +20,12 @@ function emptyStore() {
   return { steps: [], nvml: [], requests: new Map(), mode_changes: [], meta: {}, lastStep: -1, lastT: 0, lastTAt: 0 };
 }
 
+const redrawFlags = { dirty: true, wake: () => {} };
+
+// The redraw scheduler registers how to wake it: when a picture is asked for, and when data arrives (it then
+// works out itself when the next picture is due).
+export function onDirty(wake) { redrawFlags.wake = wake; }
+
 export const state = {
   store: emptyStore(),                      // live data, fed by the websocket
   view: {
@@ -29,12 +35,17 @@ export const state = {
     follow: true,                           // live: the window slides with the newest data
     span: LIVE_SPAN_US,                     // window width, µs (Infinity = everything)
     range: null,                            // [lo, hi] µs when not following
+    paused: false,                          // live: frozen by the Pause button (a zoom freezes without pausing)
   },
   root: null,                               // #bs-scope
   live: true,                               // false on a replay-only server (no engine)
   mode: null,                               // the engine's mode, as last heard
   recording: null,                          // the name of the recording running, if any
-  dirty: true,                              // something changed since the last picture
+  // Setting `dirty` asks for a new picture at once (redraw.js wakes on it): user actions set it.
+  get dirty() { return redrawFlags.dirty; },
+  set dirty(v) { redrawFlags.dirty = !!v; if (v) redrawFlags.wake(); },
+  gen: 0,                                   // bumped when drawn data (steps, NVML, switches) arrives
+  stepGen: 0,                               // bumped when steps or switches arrive (NVML alone does not)
   dropped: 0,                               // frames the server dropped for this viewer
   shownRange: null,                         // the [lo, hi] of the last picture drawn
   renders: 0,
@@ -117,7 +128,9 @@ function addNvml(list) {
     seen(s.t_us);
     last = s;
   }
-  if (last) {
+  // the header's reading twice a second: samples come up to 20 times a second, each a relayout of the header
+  if (last && performance.now() - (addNvml.shownAt || 0) > 500) {
+    addNvml.shownAt = performance.now();
     const v = last.gpu_util !== null && last.gpu_util !== undefined ? last.gpu_util : last.cpu_pct;
     setText("bs-st-nvml", fmt(v) + "%");
   }
@@ -190,15 +203,18 @@ export function handle(m, header) {
       header.showStatus(m);
       header.showRequests(recentLatency());
       if (m.mode) header.setMode(m.mode);
+      state.stepGen++; state.gen++;
+      state.dirty = true;                   // a fresh store: draw it now
       break;
     }
-    case "steps": addSteps(m.steps); break;
-    case "nvml": addNvml(m.samples); break;
+    case "steps": addSteps(m.steps); state.stepGen++; state.gen++; redrawFlags.wake(); break;
+    case "nvml": addNvml(m.samples); state.gen++; break;       // NVML alone never hurries a picture
     case "requests": addRequests(m.requests); break;
     case "mode":
       addModeChange(m);
       if (typeof m.t_us === "number") seen(m.t_us);
       if (m.to) header.setMode(m.to);
+      state.stepGen++; state.gen++; redrawFlags.wake();
       break;
     case "stats":
       if (typeof m.t_us === "number") seen(m.t_us);
@@ -210,7 +226,8 @@ export function handle(m, header) {
       setText("bs-dropped", state.dropped + " frames dropped (slow link)");
       break;
   }
-  state.dirty = true;
+  // Live data does not ask for a picture by itself: the redraw scheduler paces pictures by their cost
+  // (redraw.js), and the header and counters above are updated as the messages come.
 }
 
 // ---------------------------------------------------------------- what to draw
@@ -255,6 +272,42 @@ export function stepsIn(steps, lo, hi) {
   return out;
 }
 
+// The steps in [lo, hi] and `extra` more on each side, so that lines cross the window at any zoom (a window
+// narrower than one step holds no step start at all). One contiguous slice of `steps`.
+export function stepsAround(steps, lo, hi, extra) {
+  return steps.slice(...stepRange(steps, lo, hi, extra));
+}
+
+// The same as indices [a, z) into steps, without copying.
+export function stepRange(steps, lo, hi, extra) {
+  const find = (t, key) => {
+    let a = 0, b = steps.length;
+    while (a < b) { const mid = (a + b) >> 1; if (steps[mid][key] < t) a = mid + 1; else b = mid; }
+    return a;
+  };
+  let a = find(lo, "_e"), z = find(hi, "_s");
+  while (z < steps.length && steps[z]._s <= hi) z++;
+  return [Math.max(0, a - extra), Math.min(steps.length, Math.max(z, a) + extra)];
+}
+
+// Samples (sorted by t_us) in [lo, hi] plus one on each side, for the same reason.
+export function samplesAround(samples, lo, hi) {
+  let a = 0, b = samples.length;
+  while (a < b) { const mid = (a + b) >> 1; if (samples[mid].t_us < lo) a = mid + 1; else b = mid; }
+  let z = a;
+  while (z < samples.length && samples[z].t_us <= hi) z++;
+  return samples.slice(Math.max(0, a - 1), Math.min(samples.length, z + 1));
+}
+
+// Where there is data: the first step's start to the last step's end, or to the server's clock when live
+// (an idle engine is data too: 0% busy, not a gap).
+export function dataExtent(d) {
+  if (!d.steps.length) return [Infinity, -Infinity];
+  const end = state.view.source === "live" ? Math.max(state.store.lastT, d.steps[d.steps.length - 1]._e)
+    : d.steps[d.steps.length - 1]._e;
+  return [d.steps[0]._s, end];
+}
+
 // The steps' extent (NVML keeps sampling while the engine idles; that tail would squeeze the steps).
 function replayExtent() {
   const d = state.view.replay;
@@ -274,5 +327,5 @@ export function replayRange() {
 
 // Back to the live window as a fresh page starts it.
 export function followLive() {
-  Object.assign(state.view, { source: "live", replay: null, follow: true, range: null, span: LIVE_SPAN_US });
+  Object.assign(state.view, { source: "live", replay: null, follow: true, range: null, span: LIVE_SPAN_US, paused: false });
 }

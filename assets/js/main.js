@@ -7,45 +7,37 @@
  *
  *   api.js       HTTP and the websocket          feed.js    the state object, records, what to draw
  *   header.js    mode, counters, status line     controls.js toolbar, recordings, replay
- *   plot.js      colours, lanes, layout, zoom    gantt.js   the Gantt          charts.js  the small charts
+ *   redraw.js    when to draw, in slices         view.js    Pause and the window buttons
+ *   plot.js      colours, lanes, layout, zoom    gantt.js   the Gantt (ink.js, gantt_hover.js)
+ *   charts.js    the small charts
+ *
+ * After each picture the page fires a "bs-picture" event on document (detail: {lo, hi, steps}), for any part
+ * of the page that follows the window shown.
  */
 import { api, connect, socket } from "./api.js";
-import { renderCharts } from "./charts.js";
 import { buildScope, refreshRecordings, showReplay, backToLive, syncControls } from "./controls.js";
-import { currentData, currentRange, handle, normalise, state, stepsIn } from "./feed.js";
-import { buildLegend, renderGantt } from "./gantt.js";
+import { handle, normalise, state, stepsIn } from "./feed.js";
+import { buildLegend } from "./gantt.js";
 import * as header from "./header.js";
+import { observeCharts, perf, startRedraw } from "./redraw.js";
+import "./stage.js";                 // scoreboard, presentation mode, keys, example recording
 import { $, note, setText } from "./util.js";
+import { bindViewControls } from "./view.js";
 
-function render() {
-  const d = currentData();
-  const [lo, hi] = currentRange(d);
-  state.shownRange = [lo, hi];
-  const steps = stepsIn(d.steps, lo, hi);
-  renderGantt(d, steps, lo, hi);
-  renderCharts(d, steps, lo, hi);
+// A picture is on screen: the counters under the toolbar, and data-* attributes for tests.
+// The counts are those the picture was planned with (live data keeps arriving while it is drawn).
+function pictureDone(snap) {
+  const inView = snap.gantt ? snap.gantt.steps.length : stepsIn(snap.d.steps, snap.lo, snap.hi).length;
   state.renders++;
-  const total = d.steps.length;
-  setText("bs-counter", `${steps.length} steps in view · ${total} kept · ${d.mode_changes.length} switches`);
+  state.renderCost = perf.pictureCostMs;
+  setText("bs-counter", `${inView} steps in view · ${snap.total} kept · ${snap.switches} switches`);
   const data = state.root.dataset;
-  data.steps = String(total);
-  data.inview = String(steps.length);
-  data.switches = String(d.mode_changes.length);
-  data.nvml = String(d.nvml.length);
+  data.steps = String(snap.total);
+  data.inview = String(inView);
+  data.switches = String(snap.switches);
+  data.nvml = String(snap.nvml);
   data.renders = String(state.renders);
-}
-
-function loop() {
-  const following = state.view.source === "live" && state.view.follow;
-  const root = state.root;
-  if (root && document.body.contains(root) && !document.hidden && window.Plotly && (state.dirty || following)) {
-    const t = performance.now();
-    state.dirty = false;
-    try { render(); } catch (e) { console.error("batchscope render", e); }
-    state.renderCost = 0.7 * state.renderCost + 0.3 * (performance.now() - t);
-  }
-  // Back off when drawing is expensive, so the page stays responsive under heavy load.
-  setTimeout(loop, Math.max(250, 3 * state.renderCost));
+  document.dispatchEvent(new CustomEvent("bs-picture", { detail: { lo: snap.lo, hi: snap.hi, steps: inView } }));
 }
 
 const onMessage = m => handle(m, header);
@@ -56,7 +48,10 @@ function init() {
   state.root = el;
   state.live = el.dataset.live !== "0";
   buildScope(el);
+  bindViewControls(el);
   buildLegend();
+  observeCharts();
+  if (window.ResizeObserver) new ResizeObserver(() => { state.dirty = true; }).observe(el);   // e.g. a panel hidden
   header.bindHeader();
   if (!state.live) {
     header.setConn("replay");
@@ -82,7 +77,7 @@ function watch() {
 
 function start() {
   watch();
-  loop();
+  startRedraw(pictureDone);
   setInterval(header.pollStatus, 3000);
   setInterval(refreshRecordings, 10000);
   document.addEventListener("visibilitychange", () => { state.dirty = true; });
@@ -92,8 +87,8 @@ function start() {
 // A module runs once per page, but an older copy of the page's script may already be running.
 if (!window.batchscope) {
   window.batchscope = { store: state.store, view: state.view, handle: onMessage, showReplay, backToLive,
-                        render: () => { state.dirty = true; }, normalise,
-                        get mode() { return state.mode; }, get renderMs() { return state.renderCost; } };
+                        render: () => { state.dirty = true; }, normalise, perf,
+                        get mode() { return state.mode; }, get renderMs() { return perf.pictureCostMs; } };
   // Gradio 6 injects head scripts after `load` has fired: start at once then, or when the document is parsed.
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();

@@ -2,6 +2,7 @@
  * markers, and `draw`, which also makes a zoom on any chart apply to all of them. */
 import { replayRange, state } from "./feed.js";
 import { syncControls } from "./controls.js";
+import { MODE_INK, switchLabel } from "./names.js";
 
 export const HOST = ["schedule", "fill", "launch", "wait", "update"];
 export const GPU = ["h2d", "compute", "d2h"];
@@ -28,6 +29,9 @@ const FONT = { family: "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, san
 export const GRID = "#eef1f5";
 const PLOT_CONFIG = {
   displaylogo: false, responsive: true, displayModeBar: "hover",
+  // Plotly's default double-click restores the range of the first draw (long gone in a live view): an empty
+  // window. "autosize" reports an autorange instead, which followZoom takes as "back to the whole view".
+  doubleClick: "autosize",
   modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toImage"],
 };
 
@@ -42,25 +46,36 @@ export function causeColor(cause) {
 
 // ---------------------------------------------------------------- drawing
 
-// Charts whose zoom is already followed, and whether the relayout Plotly is firing is our own redraw.
-const drawing = { bound: new WeakSet(), ownRedraw: false };
+// Charts whose zoom is already followed, and how many of our own redraws are under way: the relayout events
+// Plotly fires for those are not the user zooming.
+const drawing = { bound: new WeakSet(), own: 0 };
 
 export function draw(el, traces, layout) {
   if (!el || !window.Plotly) return;
-  drawing.ownRedraw = true;
-  try { window.Plotly.react(el, traces, layout, PLOT_CONFIG); } finally { drawing.ownRedraw = false; }
+  drawing.own++;
+  try { window.Plotly.react(el, traces, layout, PLOT_CONFIG); } finally { drawing.own--; }
   if (!drawing.bound.has(el)) {
     drawing.bound.add(el);
     el.on("plotly_relayout", followZoom);
   }
 }
 
-// Zooming any chart freezes the window on that range and applies it to every chart.
+// Only the window moved: relayout of the range costs a fraction of a react. Plotly reports a relayout after
+// its promise settles, so our count of own redraws drops only then.
+export function moveRange(el, lo, hi) {
+  drawing.own++;
+  let p;
+  try { p = window.Plotly.relayout(el, { "xaxis.range": [lo / 1e6, hi / 1e6] }); } catch (e) { drawing.own--; throw e; }
+  Promise.resolve(p).finally(() => { drawing.own--; });
+}
+
+// Zooming any chart freezes the window on that range and applies it to every chart; a double-click goes back
+// to the live view (live) or to the whole recording (replay).
 function followZoom(ev) {
   const view = state.view;
-  if (drawing.ownRedraw || !ev) return;
+  if (drawing.own || !ev) return;
   if (ev["xaxis.autorange"]) {
-    if (view.source === "live") { view.follow = true; view.range = null; }
+    if (view.source === "live") { view.follow = true; view.range = null; view.paused = false; }
     else { view.span = Infinity; view.range = replayRange(); }
     syncControls(); state.dirty = true;
     return;
@@ -73,14 +88,27 @@ function followZoom(ev) {
   syncControls(); state.dirty = true;
 }
 
+// Presentation mode (stage.js puts bs-present on <html>) enlarges the charts' text for a projector.
+export function textScale() {
+  return document.documentElement.classList.contains("bs-present") ? 1.25 : 1;
+}
+
+// A font size in px, scaled for presentation mode.
+export function fontPx(size) {
+  return Math.round(size * textScale() * 2) / 2;
+}
+
 export function baseLayout(lo, hi, extra) {
+  const k = textScale();
   return Object.assign({
-    font: FONT, paper_bgcolor: "#ffffff", plot_bgcolor: "#ffffff",
-    margin: { l: 44, r: 10, t: 44, b: 24 },
-    xaxis: { range: [lo / 1e6, hi / 1e6], gridcolor: GRID, zeroline: false, ticksuffix: " s", tickfont: { size: 10 } },
-    yaxis: { gridcolor: GRID, zeroline: false, rangemode: "tozero", tickfont: { size: 10 }, automargin: true },
+    font: Object.assign({}, FONT, { size: fontPx(FONT.size) }), paper_bgcolor: "#ffffff", plot_bgcolor: "#ffffff",
+    margin: { l: Math.round(48 * k), r: 10, t: Math.round(44 * k), b: Math.round(24 * k) },
+    xaxis: { range: [lo / 1e6, hi / 1e6], gridcolor: GRID, zeroline: false, ticksuffix: " s", tickfont: { size: fontPx(10) } },
+    // y is fixed: a drag zooms time only, the axis every chart shares
+    // (a fixed margin: measuring the tick labels for an automatic one costs a millisecond a chart every redraw)
+    yaxis: { gridcolor: GRID, zeroline: false, rangemode: "tozero", tickfont: { size: fontPx(10) }, fixedrange: true },
     showlegend: true,
-    legend: { orientation: "h", x: 0, xanchor: "left", y: 1.0, yanchor: "bottom", font: { size: 10 },
+    legend: { orientation: "h", x: 0, xanchor: "left", y: 1.0, yanchor: "bottom", font: { size: fontPx(10) },
               bgcolor: "rgba(0,0,0,0)" },
     hovermode: "x unified", uirevision: "keep",
   }, extra || {});
@@ -89,7 +117,7 @@ export function baseLayout(lo, hi, extra) {
 export function titled(text) {
   // title on the first line of the top margin, legend on the second: they never collide on narrow charts
   return { text, x: 0.012, xanchor: "left", xref: "container", y: 1, yanchor: "top", yref: "container", pad: { t: 4 },
-           font: { size: 12, color: "#0f172a" } };
+           font: { size: fontPx(12), color: "#0f172a" } };
 }
 
 // ---------------------------------------------------------------- modes
@@ -105,29 +133,32 @@ export function modeRuns(steps) {
   return runs;
 }
 
-// A dotted line at every mode switch in [lo, hi]; with labels, "→ mode @step" above it where there is room.
+// A dotted line at every mode switch in [lo, hi]; with labels, "→ mode at step N" above it where there is room.
+// The lines of each colour are one path shape: Plotly's cost grows with the number of shapes, not their size.
 export function modeShapes(d, lo, hi, withLabels, usPerPx) {
-  const shapes = [], annotations = [];
-  let lastLabel = -Infinity;
+  const paths = {}, annotations = [];
+  let lastLabel = -Infinity, count = 0;
   for (const c of d.mode_changes) {
     if (c.t_us < lo || c.t_us > hi) continue;
+    count++;
     const x = c.t_us / 1e6;
     const col = COLOR[c.to] || "#0f172a";
-    shapes.push({ type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1,
-                  line: { color: col, width: 2, dash: "dot" } });
+    paths[col] = (paths[col] || "") + `M${x},0V1`;
     // labels closer than ~80 px would overprint each other: the line alone marks that switch
     const crowded = usPerPx && c.t_us - lastLabel < 80 * usPerPx;
     if (withLabels && !crowded) lastLabel = c.t_us;
     if (withLabels && !crowded) annotations.push({ x, y: 1, xref: "x", yref: "paper", yanchor: "bottom", showarrow: false,
-      text: "→ " + c.to + (c.step !== undefined ? " @" + c.step : ""), font: { size: 10, color: col },
+      text: switchLabel(c), font: { size: fontPx(11), color: MODE_INK[c.to] || col },   // text shade: AA on white
       bgcolor: "rgba(255,255,255,0.85)" });
   }
-  return { shapes, annotations };
+  const shapes = Object.entries(paths).map(([col, path]) => ({ type: "path", xref: "x", yref: "paper", path,
+                                                               line: { color: col, width: 2, dash: "dot" } }));
+  return { shapes, annotations, count };
 }
 
 export function bandShapes(runs) {
   // a faint tint behind sync stretches makes the before/after of a switch readable on every chart
-  return runs.filter(r => r.mode === "sync").map(r => ({
-    type: "rect", xref: "x", yref: "paper", x0: r.lo / 1e6, x1: r.hi / 1e6, y0: 0, y1: 1, layer: "below",
-    line: { width: 0 }, fillcolor: "rgba(234,88,12,0.06)" }));
+  const path = runs.filter(r => r.mode === "sync").map(r => `M${r.lo / 1e6},0H${r.hi / 1e6}V1H${r.lo / 1e6}Z`).join("");
+  return path ? [{ type: "path", xref: "x", yref: "paper", path, layer: "below", line: { width: 0 },
+                   fillcolor: "rgba(234,88,12,0.06)" }] : [];
 }
