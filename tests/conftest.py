@@ -1,9 +1,14 @@
 """Shared fixtures: tiny models and the transformers reference they are checked against."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import socket
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -202,3 +207,76 @@ def switched_timeline():
         finally:
             tel.close()
     return make
+
+
+# ---------------------------------------------------------------------------------------------- servers, browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium under Playwright (browser test modules skip themselves when it is missing)."""
+    from playwright import sync_api
+
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@contextlib.contextmanager
+def tiny_app_server(limits, ui: bool = True):
+    """The app on the tiny-random preset, served from a thread of this process."""
+    from batchscope.app.server import ServerThread, create_app
+    from batchscope.app.state import AppState
+
+    state = AppState.load(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
+                                       num_blocks=512, max_batch_tokens=512, max_running=32), limits)
+    srv = ServerThread(create_app(state, ui=ui)).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        state.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_subprocess(*args: str):
+    """`batchscope serve --model tiny-random --device cpu --dtype float32 --no-ui ARGS` in its own process; yields
+    its URL once /api/health answers, terminates it after."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "batchscope.app.cli", "serve", "--model", "tiny-random", "--device", "cpu",
+           "--dtype", "float32", "--no-ui", *args, "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(url + "/api/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"batchscope serve did not come up:\n{proc.stdout.read()}")
+        time.sleep(0.2)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -34,8 +34,6 @@ from batchscope.engine.config import EngineConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "benchmarks/results/2026-11-29-h200/demo.timeline.json"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-        "--no-first-run", "--disable-component-update", "--disable-sync"]
 T = 30_000                        # ms: every wait ends as soon as its condition holds
 GANTT_LANES = 10                  # mode, 5 host lanes, 3 GPU lanes, GPU idle (plot.js LANES)
 MODE_LANE, IDLE_LANE = 0, 9
@@ -47,14 +45,6 @@ REDRAW_LIMIT_MS = 30              # at the 2 min window under load: any task on 
 FRAME_GAP_LIMIT_MS = 50           # ... and all the work done between two frames
 FRAME_GAP_WALL_LIMIT_MS = 250     # ... and the longest time between two frames, wall clock (the old page: 0.3-1 s)
 IDLE_CPU_LIMIT = 0.05             # an idle tab: at most 5% of one core on the page's thread
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

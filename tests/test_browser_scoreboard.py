@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import tiny_app_server
+
 pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
@@ -29,14 +31,11 @@ sync_api = pytest.importorskip("playwright.sync_api")
 from batchscope.app.schemas import Limits  # noqa: E402
 from batchscope.app.server import ServerThread, create_app  # noqa: E402
 from batchscope.app.state import AppState  # noqa: E402
-from batchscope.engine.config import EngineConfig  # noqa: E402
 from batchscope.telemetry import summarize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "benchmarks/results/2026-11-29-h200/demo.timeline.json"
 EXAMPLE = ROOT / "assets/examples/h200-demo.timeline.json"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-        "--no-first-run", "--disable-component-update", "--disable-sync"]
 LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=512, max_burst_requests=64, max_concurrent_bursts=2,
                 max_waiting_requests=256)
 T = 30_000            # ms: generous for a slow CI box; every wait ends as soon as its condition holds
@@ -46,12 +45,8 @@ AA = 4.5              # WCAG 2 AA contrast for normal-size text (we ask it of la
 
 @pytest.fixture(scope="module")
 def server():
-    state = AppState.load(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
-                                       num_blocks=512, max_batch_tokens=512, max_running=32), LIMITS)
-    srv = ServerThread(create_app(state)).start()
-    yield srv
-    srv.stop()
-    state.close()
+    with tiny_app_server(LIMITS) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +55,6 @@ def demo_server():
     srv = ServerThread(create_app(state)).start()
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def open_page(browser, url: str, viewport=None):

@@ -6,12 +6,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+
+from conftest import serve_subprocess
 
 from batchscope.app import cli, soak
 
@@ -24,30 +25,9 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
     # 12 blocks of 16 tokens hold two or three requests: eight in flight get preempted all the time
-    cmd = [sys.executable, "-m", "batchscope.app.cli", "serve", "--model", "tiny-random", "--device", "cpu", "--dtype",
-           "float32", "--num-blocks", "12", "--max-batch-tokens", "256", "--no-ui", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(url + "/api/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"batchscope serve did not come up:\n{proc.stdout.read()}")
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    with serve_subprocess("--num-blocks", "12", "--max-batch-tokens", "256") as url:
+        yield url
 
 
 def test_short_soak_against_a_real_server_is_clean(server, tmp_path):

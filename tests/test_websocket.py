@@ -5,50 +5,22 @@ import base64
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 import websockets
 
+from conftest import serve_subprocess
+
 BURST = {"num_requests": 16, "prompt_tokens": [16, 32], "max_new_tokens": 120, "ignore_eos": True, "seed": 7}
 SHORT_BURST = {**BURST, "num_requests": 8, "max_new_tokens": 64}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    cmd = [sys.executable, "-m", "batchscope.app.cli", "serve", "--model", "tiny-random", "--device", "cpu", "--dtype",
-           "float32", "--num-blocks", "512", "--max-batch-tokens", "256", "--max-running", "32", "--no-ui",
-           "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(url + "/api/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"batchscope serve did not come up:\n{proc.stdout.read()}")
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    with serve_subprocess("--num-blocks", "512", "--max-batch-tokens", "256", "--max-running", "32") as url:
+        yield url
 
 
 def ws_url(url: str) -> str:
