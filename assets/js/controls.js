@@ -1,7 +1,7 @@
 /* The toolbar above the charts: pause and window width, downloads, named recordings, loading a replay, and
  * the replay bar. It builds the chart containers too (#bs-gantt, #bs-c-*), inside #bs-scope. */
 import { api, withToken } from "./api.js";
-import { currentData, currentRange, followLive, normalise, replayRange, state } from "./feed.js";
+import { followLive, normalise, replayRange, state } from "./feed.js";
 import { setConn } from "./header.js";
 import { $, note, setText } from "./util.js";
 
@@ -57,8 +57,7 @@ function changed() {
 }
 
 export function buildScope(el) {
-  el.innerHTML = scopeHtml();
-  bindWindow(el);
+  el.innerHTML = scopeHtml();            // Pause and the window buttons are bound by view.js
   $("bs-rec").onclick = toggleRecording;
   $("bs-rec-list").onchange = ev => {
     const name = ev.target.value;
@@ -74,27 +73,6 @@ export function buildScope(el) {
   $("bs-back-live").onclick = backToLive;
   if (!state.live) disableLiveOnly();
   syncControls();
-}
-
-function bindWindow(el) {
-  const view = state.view;
-  $("bs-pause").onclick = () => {
-    if (view.follow && view.source === "live") {
-      view.range = state.shownRange || currentRange(currentData());   // freeze what is on screen, no jump
-      view.follow = false;
-    } else if (view.source === "live") {
-      view.follow = true; view.range = null;
-    }
-    changed();
-  };
-  for (const b of el.querySelectorAll("#bs-window button")) {
-    b.onclick = () => {
-      view.span = b.dataset.span === "all" ? Infinity : Number(b.dataset.span) * 1e6;
-      if (view.source === "live") { view.follow = true; view.range = null; }
-      else view.range = replayRange();
-      changed();
-    };
-  }
 }
 
 function disableLiveOnly() {

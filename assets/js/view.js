@@ -3,7 +3,7 @@
  * Pause freezes the window on what is on screen until Resume, and a window button changes the width of a
  * paused window around its right edge instead of going back to live. A zoom (drag on a chart) freezes the
  * window too without pausing: a window button then goes back to live, and a double-click always does
- * (plot.js). These handlers replace the toolbar's own (controls.js builds the buttons). */
+ * (plot.js). controls.js builds the buttons; these are their only handlers. */
 import { syncControls } from "./controls.js";
 import { currentData, currentRange, replayRange, state } from "./feed.js";
 import { $ } from "./util.js";
