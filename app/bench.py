@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="preset (smollm2-135m, tiny-random, llama3-8b-random), HF folder or hub id")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
+                   help="split the model over N GPUs (the transformers baseline then uses tp_plan='auto')")
     p.add_argument("--requests", type=positive_int, default=32)
     p.add_argument("--prompt-tokens", type=positive_int, default=256, help="random token ids per prompt")
     p.add_argument("--new-tokens", type=positive_int, default=512, help="generated per request, EOS ignored")
@@ -150,7 +152,12 @@ def run_benchmark(args) -> dict:
         floor = decode_floor(info, args.requests, args.prompt_tokens, args.new_tokens, bandwidth["gbps"])
         labels = list(args.modes)
         skipped = {}
-        if args.baseline == "transformers":
+        if args.baseline == "transformers" and config.tensor_parallel_size > 1:
+            skipped["transformers"] = ("transformers' tensor-parallel path (tp_plan='auto') runs under torchrun, "
+                                       "one process per GPU, and loads from a checkpoint on disk: "
+                                       "benchmarks/transformers_tp.py measures it on its own")
+            _say(f"skipping the transformers baseline: {skipped['transformers']}")
+        elif args.baseline == "transformers":
             _say("loading the same weights for transformers' generate_batch (sdpa)")
             tf = TransformersRunner(config, config.max_batch_tokens, per_request, args.requests, show,
                                     bs.engine.model)
@@ -176,7 +183,8 @@ def _engine_config(args, per_request: int) -> EngineConfig:
     num_blocks = args.num_blocks or args.requests * (math.ceil(per_request / block_size) + 1)
     return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.modes[0],
                         block_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
-                        max_running=args.requests, seed=args.seed).validate()
+                        max_running=args.requests, seed=args.seed,
+                        tensor_parallel_size=args.tensor_parallel_size).validate()
 
 
 def _baseline_labels(tf: TransformersRunner, skipped: dict) -> list[str]:

@@ -50,10 +50,25 @@ def decode_floor(info: dict, requests: int, prompt_tokens: int, new_tokens: int,
     """The fastest a decode step of this workload could run if it only had to stream its bytes once: weights
     (minus the embedding table) plus every request's KV, over the copy bandwidth. Lengths are fixed, so the mean
     context of a decode step is known exactly: the step producing token j (j = 2..new) reads prompt + j - 1
-    positions, whose mean over the decode is prompt + new/2."""
+    positions, whose mean over the decode is prompt + new/2.
+
+    Under tensor parallelism it is one GPU's floor: its share of the weights and KV (what `info` reports), plus
+    the all-reduces a step cannot skip, at the time measured for them at start-up (`allreduce_us`, in a graph)."""
     if new_tokens < 2 or not gbps:
-        return {"mean_context_tokens": None, "bytes_per_step": None, "ms_per_step": None}
+        return {"mean_context_tokens": None, "bytes_per_step": None, "ms_per_step": None, "allreduce_ms": None}
     context = requests * (prompt_tokens + new_tokens / 2)
     nbytes = info["weight_bytes"] + info["kv_bytes_per_token"] * context
-    return {"mean_context_tokens": context, "bytes_per_step": int(nbytes),
-            "ms_per_step": round(nbytes / (gbps * 1e9) * 1e3, 4)}
+    allreduce_ms = allreduce_ms_per_step(info, requests)
+    return {"mean_context_tokens": context, "bytes_per_step": int(nbytes), "allreduce_ms": allreduce_ms,
+            "ms_per_step": round(nbytes / (gbps * 1e9) * 1e3 + (allreduce_ms or 0.0), 4)}
+
+
+def allreduce_ms_per_step(info: dict, rows: int) -> float | None:
+    """All-reduces per decode step times one all-reduce of the step's rows (the smallest size measured that
+    holds them, as the step's graph bucket does); None on one GPU."""
+    per_step, measured = info.get("allreduces_per_step") or 0, info.get("allreduce_us") or {}
+    if not per_step or not measured:
+        return None
+    sizes = sorted(int(k) for k in measured)
+    size = next((n for n in sizes if n >= rows), sizes[-1])
+    return round(per_step * measured[str(size)] / 1e3, 4)

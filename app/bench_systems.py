@@ -70,10 +70,26 @@ class BatchscopeRunner:
              "token_ids": [o.token_ids for o in outs]}
         timeline = None
         if self.tel is not None:
+            self._await_rank_spans()
             self.tel.stop_recording()
             timeline = self.tel.timeline(label)
             m.update(_decode_metrics(timeline, self.tel.bandwidth_gbps))
         return m, timeline
+
+    def _await_rank_spans(self, timeout_s: float = 5.0) -> None:
+        """Tensor parallel: the other ranks report their last steps once rank 0 is idle; let them land in the
+        recording before it stops, so every GPU's busy % covers the same steps."""
+        ranks = self.engine.config.tensor_parallel_size
+        if ranks == 1:
+            return
+        rec = self.tel.recorder
+        last = rec.steps[-1]["step"] if rec.steps else None
+        deadline = time.monotonic() + timeout_s
+        while last is not None and time.monotonic() < deadline:
+            seen = {r["rank"] for r in list(rec.rank_steps)[-4 * ranks:] if r["step"] == last}
+            if len(seen) == ranks - 1:
+                return
+            time.sleep(0.01)
 
     def close(self) -> None:
         if self.tel is not None:
@@ -97,7 +113,7 @@ def _decode_metrics(timeline: dict, bandwidth_gbps: float) -> dict:
                 "nvml_util_pct": whole.get("gpu_util_mean"), "host_cpu_pct": whole.get("cpu_pct_mean")}
     t0, t1 = decode[0]["compute_us"][0], max(r["compute_us"][1] for r in decode)
     s = summarize(steps, timeline["requests"], timeline["nvml"], timeline["meta"].get("info"), bandwidth_gbps,
-                  t0, t1)
+                  t0, t1, rank_steps=timeline.get("rank_steps") or ())
     # a short window may hold no NVML sample (they come every 50 ms): fall back to the whole run's
     util = s.get("gpu_util_mean") if s.get("nvml_samples") else whole.get("gpu_util_mean")
     cpu = s.get("cpu_pct_mean") if s.get("nvml_samples") else whole.get("cpu_pct_mean")
@@ -105,7 +121,9 @@ def _decode_metrics(timeline: dict, bandwidth_gbps: float) -> dict:
             "decode_ms_basis": "median period between decode steps' compute starts (step records)",
             "decode_window_s": round((t1 - t0) / 1e6, 6), "gpu_busy_pct": s.get("busy_pct"),
             "busy_basis": s.get("busy_basis"), "nvml_util_pct": util, "host_cpu_pct": cpu,
-            "itl_ms_p50": (whole.get("itl_ms") or {}).get("p50")}
+            "itl_ms_p50": (whole.get("itl_ms") or {}).get("p50"),
+            # tensor parallel: every GPU's busy % (its own events) and NVML mean over the same window
+            "ranks": s.get("ranks")}
 
 
 # ---------------------------------------------------------------------------------------------- transformers runs

@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch-tokens", type=int, default=2048)
     s.add_argument("--max-running", type=int, default=64)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="split the model over N GPUs (one process each, started here), or N CPU processes")
     _limit_args(s)
     _server_args(s)
     s.set_defaults(func=cmd_serve)
@@ -101,7 +103,7 @@ def cmd_serve(args) -> int:
         config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.mode,
                               block_size=args.block_size, num_blocks=args.num_blocks,
                               max_batch_tokens=args.max_batch_tokens, max_running=args.max_running,
-                              seed=args.seed).validate()
+                              seed=args.seed, tensor_parallel_size=args.tensor_parallel_size).validate()
     except ValueError as e:
         _say(str(e))
         return 2

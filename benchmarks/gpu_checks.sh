@@ -2,7 +2,8 @@
 # One pass over everything that needs a CUDA device: the gpu-marked tests, the attention kernel check and
 # timings, and the engine benchmark against transformers. Logs and JSON land in $OUT (default ./out).
 # Usage: benchmarks/gpu_checks.sh [overlap|tests|kernels|tuning|fused|profile|demo|bench-a|bench-a-engine|
-#                                  bench-b|bench-c|determinism|moe|soak|telemetry|telemetry-sync|all]...
+#                                  bench-b|bench-c|determinism|moe|soak|telemetry|telemetry-sync|
+#                                  tp-tests|tp-bench|tp-transformers|all]...
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -68,6 +69,21 @@ if has determinism; then   # the same greedy prompts, run after run and mode aft
   $BENCH --new-tokens 2048 --modes sync,async --repeats 2 --no-telemetry --out "$OUT/determinism.json" \
     --no-progress 2>&1 | tee "$OUT/determinism.log"
   echo "bench exit code: $?" | tee -a "$OUT/determinism.log"
+fi
+if has tp-tests; then   # tensor parallel on two GPUs: NCCL, all-reduces inside the decode graphs, exact tokens
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_tensor_parallel.py -rs 2>&1 | tee "$OUT/tp_tests.log"
+fi
+if has tp-bench; then   # Llama-3-70B shapes over two GPUs, sync against async; Llama-3-8B at TP=2 and TP=1
+  for spec in "llama3-70b-random 2" "llama3-8b-random 2" "llama3-8b-random 1"; do
+    set -- $spec
+    python3 -m batchscope.app.bench --model "$1" -tp "$2" --device cuda --requests 32 --prompt-tokens 256 \
+      --new-tokens 512 --modes sync,async --out "$OUT/bench_tp_${1%%-random}_tp$2.json" --no-progress \
+      2>&1 | tee "$OUT/bench_tp_${1%%-random}_tp$2.log"
+  done
+fi
+if has tp-transformers; then   # transformers' own tensor parallel (tp_plan="auto") with continuous batching
+  torchrun --nproc-per-node 2 benchmarks/transformers_tp.py --model llama3-8b-random --out "$OUT/tf_tp_8b.json" \
+    2>&1 | tail -40 | tee "$OUT/tf_tp.log"
 fi
 if has moe; then   # the MoE benchmark model side by side with transformers, and its routed-experts floor
   python3 -m batchscope.app.bench --model qwen3-30b-a3b-random --device cuda --requests 32 --prompt-tokens 256 \

@@ -83,6 +83,7 @@ class Batch:
     any_random: bool
     any_filter: bool
     num_carried: int
+    num_sampled: int                 # rows whose token the host reads back (padding rows excluded)
     graph_bucket: int | None = None  # set when the step replays a captured decode graph
 
     def view(self, name: str) -> torch.Tensor:
@@ -158,4 +159,55 @@ def fill_slot(plan: StepPlan, slot: IoSlot, block_size: int, pad_to: int | None 
 
     sizes = (max(e for _, e in o64.values()), max(e for _, e in o32.values()), max(e for _, e in of.values()))
     return Batch(plan, slot, layout, sizes, qsl, lens, max(q1 - q0 for q0, q1 in zip(qsl, qsl[1:])), max(lens),
-                 any_random, any_filter, sum(1 for s in seqs if s.carry_row >= 0))
+                 any_random, any_filter, sum(1 for s in seqs if s.carry_row >= 0), len(plan.sampled))
+
+
+# -- the same step on the other tensor-parallel ranks ----------------------------------------------------------
+# Rank 0 fills its slot from the plan; the other ranks get the filled packs as bytes and run the same step.
+_HEADER = ("step", "slot", "T", "B", "S", "max_blocks", "n64", "n32", "nf", "graph_bucket", "any_random",
+           "any_filter", "num_carried", "num_sampled", "max_query_len", "max_seq_len")
+
+
+def step_message(batch: Batch) -> bytes:
+    """A filled slot as bytes: a header of ints, then the used part of the three packs."""
+    n64, n32, nf = batch.sizes
+    lay = batch.layout
+    header = np.array([batch.plan.step, batch.slot.index, lay.T, lay.B, lay.S, lay.max_blocks, n64, n32, nf,
+                       -1 if batch.graph_bucket is None else batch.graph_bucket, batch.any_random, batch.any_filter,
+                       batch.num_carried, batch.num_sampled, batch.max_query_len, batch.max_seq_len], dtype=np.int64)
+    s = batch.slot
+    return b"".join((header.tobytes(), s.np64[:n64].tobytes(), s.np32[:n32].tobytes(), s.npf[:nf].tobytes()))
+
+
+def message_step(data: bytes) -> int:
+    return int(np.frombuffer(data, dtype=np.int64, count=1)[0])
+
+
+def message_slot(data: bytes) -> int:
+    return int(np.frombuffer(data, dtype=np.int64, count=2)[1])
+
+
+def fill_from_message(data: bytes, slot: IoSlot) -> Batch:
+    """Write a step_message into this rank's own slot (the caller has waited for it to be free)."""
+    h = dict(zip(_HEADER, np.frombuffer(data, dtype=np.int64, count=len(_HEADER)).tolist()))
+    at = len(_HEADER) * 8
+    n64, n32, nf = h["n64"], h["n32"], h["nf"]
+    slot.np64[:n64] = np.frombuffer(data, dtype=np.int64, count=n64, offset=at)
+    at += n64 * 8
+    slot.np32[:n32] = np.frombuffer(data, dtype=np.int32, count=n32, offset=at)
+    at += n32 * 4
+    slot.npf[:nf] = np.frombuffer(data, dtype=np.float32, count=nf, offset=at)
+    layout = PackLayout(h["T"], h["B"], h["S"], h["max_blocks"])
+    a, b = layout.i32()["query_start_loc"]
+    qsl = slot.np32[a:b].tolist()
+    a, b = layout.i32()["seq_lens"]
+    lens = slot.np32[a:b].tolist()
+    return Batch(_Relayed(h["step"]), slot, layout, (n64, n32, nf), qsl, lens, h["max_query_len"],
+                 h["max_seq_len"], bool(h["any_random"]), bool(h["any_filter"]), h["num_carried"],
+                 h["num_sampled"], None if h["graph_bucket"] < 0 else h["graph_bucket"])
+
+
+@dataclass
+class _Relayed:
+    """The plan of a step received from rank 0: only its number travels."""
+    step: int

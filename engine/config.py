@@ -29,6 +29,7 @@ class EngineConfig:
     cuda_graphs: bool = True        # decode steps replay CUDA graphs where the attention path allows it
     fused_kernels: bool = True      # on CUDA with Triton: fused RMSNorm, rotary and SiLU*up kernels for eager ops
     merge_projections: bool = True  # one GEMM for q/k/v and one for gate/up per layer (engine.projections)
+    tensor_parallel_size: int = 1   # ranks (one process and one GPU each) the model's layers are split over
 
     def validate(self) -> "EngineConfig":
         if self.mode not in MODES:
@@ -39,9 +40,11 @@ class EngineConfig:
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.attention not in ("auto", "torch", "triton"):
             raise ConfigError(f"attention must be auto, torch or triton, got {self.attention!r}")
-        for name in ("block_size", "max_batch_tokens", "max_running"):
+        for name in ("block_size", "max_batch_tokens", "max_running", "tensor_parallel_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if isinstance(self.tensor_parallel_size, bool):
+            raise ConfigError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
         if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 2):
             raise ConfigError(f"num_blocks must be an integer >= 2, got {self.num_blocks!r}")
         if not 0.0 < self.kv_memory_fraction < 1.0:

@@ -17,7 +17,7 @@ import torch
 from .request import Request, RequestHandle, TokenDelta
 from .runner import Launched, ModelRunner
 from .scheduler import Scheduler, StepPlan
-from .trace import ModeChange, StepTrace
+from .trace import ModeChange, RankSpans, StepTrace
 
 now = time.perf_counter_ns
 
@@ -87,6 +87,7 @@ class EngineCore:
     def idle(self) -> None:
         """Nothing to do: deliver what is held, then sleep until a submission, a cancel, a mode switch or close."""
         self.flush_traces()
+        self.runner.went_idle()
         self.wakeup.wait(0.05)
         self.wakeup.clear()
 
@@ -111,6 +112,9 @@ class EngineCore:
                 traceback.print_exc()
                 continue
             self.notify(trace)
+        spans = self.runner.peer_spans()
+        if spans and self.observers:
+            self.notify(RankSpans(spans))
 
     def shutdown(self) -> None:
         """After the last loop returned for good: deliver what is held and cancel whatever never ran, so that no

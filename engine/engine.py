@@ -10,15 +10,14 @@ from typing import Sequence
 
 import torch
 
-from . import attention
 from .config import ConfigError, EngineConfig, SamplingParams
 from .core import EngineCore
-from .kv_cache import BlockAllocator, KVCache, kv_bytes_per_token
+from .kv_cache import BlockAllocator, kv_bytes_per_token
 from .loop import LOOPS
-from .models import load_model, resolve_device, weight_bytes
-from .projections import merge_projections
+from .models import weight_bytes
+from .peers import Peers, init_group
+from .rank import blocks_that_fit, check_tensor_parallel, load_rank, make_runner, rank_device
 from .request import Request, RequestHandle, RequestOutput
-from .runner import ModelRunner
 from .scheduler import Scheduler
 
 Prompt = str | Sequence[int]
@@ -29,41 +28,39 @@ class Engine:
 
     def __init__(self, config: EngineConfig | None = None, observer=None):
         self.config = config = (config or EngineConfig()).validate()
-        self.device = resolve_device(config.device)
-        loaded = load_model(config, attention.register())
-        self.model, self.tokenizer = loaded.model, loaded.tokenizer
-        self.eos_token_ids = loaded.eos_token_ids
-        self.support = loaded.support
-        self.max_model_len = loaded.max_model_len
-        mcfg = self.model.config
-        dtype = self.model.dtype
-        num_blocks = config.num_blocks
-        if num_blocks is None:
-            num_blocks = (KVCache.blocks_for_memory(mcfg, config.block_size, dtype, self.device,
-                                                    config.kv_memory_fraction)
-                          if self.device.type == "cuda" else 512)
-        self.kv = KVCache(mcfg, num_blocks, config.block_size, dtype, self.device)
-        kernel = config.attention
-        if kernel == "auto":
-            kernel = "triton" if self.device.type == "cuda" and _triton_available() else "torch"
-        self.kernel = kernel
-        fused = config.fused_kernels and kernel == "triton"
-        self.merged = merge_projections(self.model, fused_silu=fused) if config.merge_projections else []
-        self.fused = []
-        if fused:
-            from .fused import install_fused_kernels    # lazy: Triton kernels compile only where they run
-            self.fused = install_fused_kernels(self.model)
-        max_blocks = -(-self.max_model_len // config.block_size)
+        check_tensor_parallel(config)
+        # Ranks 1..N-1 start first and load their shares while this process loads its own (peers.py).
+        self._peers = Peers(config) if config.tensor_parallel_size > 1 else None
+        try:
+            if self._peers is not None:
+                init_group(0, config.tensor_parallel_size, self._peers.port, rank_device(config, 0))
+            rm = load_rank(config, 0)
+            num_blocks = blocks_that_fit(rm, config)
+            if self._peers is not None:       # one block table for all ranks: the smallest cache that fits all
+                num_blocks = min([num_blocks, *self._peers.expect("blocks")])
+                self._peers.send("blocks", num_blocks)
+            self.device, self.kernel = rm.device, rm.kernel
+            self.merged, self.fused, self.tp_layout = rm.merged, rm.fused, rm.layout
+            loaded = rm.loaded
+            self.model, self.tokenizer = loaded.model, loaded.tokenizer
+            self.eos_token_ids = loaded.eos_token_ids
+            self.support = loaded.support
+            self.max_model_len = loaded.max_model_len
+            self.kv, runner = make_runner(rm, config, num_blocks, show_progress=True)
+            if self._peers is not None:
+                self.ranks = [{"rank": 0, "device": str(rm.device), "cuda_graphs": runner.use_graphs},
+                              *self._peers.expect("ready")]
+                runner.peers = self._peers
+                self._peers.serve()
+            else:
+                self.ranks = [{"rank": 0, "device": str(rm.device), "cuda_graphs": runner.use_graphs}]
+        except BaseException:
+            if self._peers is not None:
+                self._peers.close()
+            raise
         self.allocator = BlockAllocator(num_blocks)
         scheduler = Scheduler(self.allocator, config.block_size, config.max_batch_tokens, config.max_running,
                               self.max_model_len)
-        runner = ModelRunner(self.model, self.kv, self.device, config.max_batch_tokens, config.max_running,
-                             max_blocks, kernel, config.cuda_graphs)
-        if runner.use_graphs:
-            from tqdm import tqdm
-            with tqdm(total=len(runner.graph_keys()), desc="batchscope: capturing decode CUDA graphs",
-                      leave=False) as bar:
-                runner.capture_decode_graphs(progress=bar.update)
         self._core = EngineCore(scheduler, runner, self.eos_token_ids, self._detokenize, self._stop_at)
         self._core.requested_mode = config.mode
         self._rng = random.Random(config.seed)
@@ -145,6 +142,8 @@ class Engine:
     def close(self) -> None:
         self._core.request_close()
         self._thread.join(timeout=30)
+        if self._peers is not None:
+            self._peers.close()
 
     def __enter__(self):
         return self
@@ -221,13 +220,10 @@ class Engine:
             "cuda_graphs_note": self._core.runner.graphs_note, "graph_experts": self._core.runner.graph_experts,
             "support": self.support,
             "merged_projections": len(self.merged),
+            # tensor parallel: weight_bytes, num_kv_heads and num_params above are one rank's share
+            "tensor_parallel_size": self.config.tensor_parallel_size, "ranks": self.ranks,
+            # all-reduces per step (after attention and after the MLP of every layer) and what one costs by rows
+            "allreduces_per_step": 2 * mcfg.num_hidden_layers if self.config.tensor_parallel_size > 1 else 0,
+            "allreduce_us": {str(k): v for k, v in self._core.runner.allreduce_us.items()},
         }
 
-
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-        from . import attention_triton  # noqa: F401
-        return True
-    except Exception:
-        return False

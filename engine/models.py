@@ -18,7 +18,10 @@ from .support import (TOKENIZER_FILES, check_checkpoint_folder, check_support, f
                       static_support, unsupported)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PRESETS = ("smollm2-135m", "tiny-random", "llama3-8b-random", "qwen3-30b-a3b-random")
+PRESETS = ("smollm2-135m", "tiny-random", "llama3-8b-random", "qwen3-30b-a3b-random", "llama3-70b-random")
+# Random presets that a tensor-parallel rank builds at its share's shapes directly (see load_model): the whole
+# model may not fit one device. The others are built whole and cut, like a checkpoint.
+SHARDED_PRESETS = ("llama3-8b-random", "qwen3-30b-a3b-random", "llama3-70b-random")
 
 
 @dataclass
@@ -127,6 +130,12 @@ def random_preset_config(name: str, vocab_size: int | None = None):
             num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=16384,
             rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
             tie_word_embeddings=False)
+    if name == "llama3-70b-random":
+        return LlamaConfig(
+            vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+            num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=16384,
+            rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
+            tie_word_embeddings=False)
     if name == "qwen3-30b-a3b-random":
         # Qwen3-30B-A3B: 48 layers, 128 experts of which 8 per token, 32 query / 4 KV heads of 128
         return Qwen3MoeConfig(
@@ -147,18 +156,37 @@ def _random_model(cfg, seed: int, dtype: torch.dtype, device: torch.device):
     return model
 
 
+def _check_fits(name: str, cfg, dtype: torch.dtype, device: torch.device) -> None:
+    """A random preset larger than the device's free memory is refused before a weight is drawn."""
+    if device.type != "cuda":
+        return
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        shapes = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    need = sum(p.numel() * p.element_size() for p in shapes.parameters())
+    free, _total = torch.cuda.mem_get_info(device)
+    if need > free * 0.95:
+        raise ConfigError(f"{name} needs {need / 1e9:.0f} GB of weights per device but {device} has "
+                          f"{free / 1e9:.0f} GB free: a larger tensor_parallel_size splits it over more GPUs")
+
+
 def _tokenizer_from(path: Path):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path)
 
 
-def load_model(config: EngineConfig, attn_implementation: str | None = None) -> LoadedModel:
+def load_model(config: EngineConfig, attn_implementation: str | None = None, device: torch.device | None = None,
+               dtype: torch.dtype | None = None, shard=None) -> LoadedModel:
     """Load a preset, a local checkpoint folder or a hub id. With our paged attention as `attn_implementation`
-    the support policy runs too (see the module doc): what the engine cannot run exactly raises ConfigError."""
+    the support policy runs too (see the module doc): what the engine cannot run exactly raises ConfigError.
+    `device`/`dtype` override the config's (a tensor-parallel rank loads whole on the CPU, then cuts).
+    `shard` (a tensor_parallel.TPLayout) builds a SHARDED_PRESETS model at one rank's shapes: every rank draws
+    the same shares from the seed, and the lm_head whole (each rank keeps its rows of it)."""
     from .attention import ATTN_NAME
 
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+    device = device or resolve_device(config.device)
+    dtype = dtype or resolve_dtype(config.dtype, device)
     name = config.model
     ours = attn_implementation == ATTN_NAME
     if name == "smollm2-135m":
@@ -166,7 +194,12 @@ def load_model(config: EngineConfig, attn_implementation: str | None = None) -> 
         model, tokenizer = _load_checkpoint(str(ckpt), dtype, device)
     elif name in PRESETS:
         tokenizer = _tokenizer_from(smollm2_tokenizer())
-        model = _random_model(random_preset_config(name, len(tokenizer)), config.seed, dtype, device)
+        cfg = random_preset_config(name, len(tokenizer))
+        if shard is not None:
+            from .tensor_parallel import sharded_config
+            cfg = sharded_config(cfg, shard)
+        _check_fits(name, cfg, dtype, device)
+        model = _random_model(cfg, config.seed, dtype, device)
     else:
         if Path(name).is_dir():
             if ours:

@@ -74,7 +74,6 @@ class ModelRunner(DecodeGraphs):
         self.lm_head = model.get_output_embeddings()
         # what the model's own forward does to the logits after its lm_head (final soft-capping, scaling)
         self.logits_steps = logits_epilogue(model)
-        self.vocab = self.lm_head.weight.shape[0]
         self.block_size = kv.block_size
         self.slots = [IoSlot(i, max_tokens, max_seqs, max_blocks, device) for i in range(2)]
         self.cuda = device.type == "cuda"
@@ -96,6 +95,8 @@ class ModelRunner(DecodeGraphs):
         self.graph_events_ok: bool | None = None   # whether timing events can be recorded inside a graph
         self.experts = experts_configs(model)
         self.graph_experts: str | None = None      # the experts implementation the graphs were captured with
+        self.peers = None                          # rank 0 of a tensor-parallel engine: the other ranks (peers.py)
+        self.allreduce_us: dict[int, float] = {}   # tensor parallel: one all-reduce of [rows, hidden], measured
         if cuda_graphs and self.cuda and kernel != "triton":
             self.graphs_note = "the torch attention path loops over host-side lengths and cannot be captured"
 
@@ -133,7 +134,9 @@ class ModelRunner(DecodeGraphs):
     # -- launch -------------------------------------------------------------------------------------------------
     def launch(self, batch: Batch) -> Launched:
         slot = batch.slot
-        S = len(batch.plan.sampled)
+        if self.peers is not None:      # the other ranks launch the same step (its collectives need them)
+            self.peers.send_step(batch)
+        S = batch.num_sampled
         if not self.cuda:
             self._compute(batch, self.carry_source(slot))
             slot.host_out[:S].copy_(slot.out_tokens[:S])
@@ -245,8 +248,17 @@ class ModelRunner(DecodeGraphs):
         """The host's one wait per step in steady state: until the step's sampled tokens are in host memory."""
         if launched.events is not None:
             launched.events.d2h_end.synchronize()
-        S = len(launched.batch.plan.sampled)
+        S = launched.batch.num_sampled
         return launched.batch.slot.host_out[:S].tolist()     # pinned host memory the copy already filled
+
+    def went_idle(self) -> None:
+        """No step to run: the other ranks may report the spans of their last steps now."""
+        if self.peers is not None:
+            self.peers.flush()
+
+    def peer_spans(self) -> list:
+        """(rank, step, {phase: (start_ns, end_ns)}) of the other ranks' steps, reported since the last call."""
+        return self.peers.take_spans() if self.peers is not None else []
 
     def stream_context(self):
         return torch.cuda.stream(self.compute_stream) if self.cuda else contextlib.nullcontext()

@@ -55,3 +55,12 @@ class ModeChange:
     step: int                       # the first step run by the new mode
     from_mode: str
     to_mode: str
+
+
+@dataclass
+class RankSpans:
+    """GPU spans of the other tensor-parallel ranks, delivered as they come in (a step's peers finish it at about
+    the time rank 0 does, so they usually arrive with the trace of the next step or two). Each entry is
+    (rank, step, {phase: (start_ns, end_ns)}) on the host's perf_counter clock; on CPU the phase is "compute"
+    (the rank's launch span, the forward running inside it)."""
+    spans: list

@@ -26,9 +26,14 @@ class TimelineError(ValueError):
 
 
 def build_timeline(meta: dict, steps: list, requests: list, nvml: list, mode_changes: list,
-                   summary: dict) -> dict:
-    return {"schema": SCHEMA_ID, "meta": meta, "steps": steps, "requests": requests, "nvml": nvml,
-            "mode_changes": mode_changes, "summary": summary}
+                   summary: dict, rank_steps: list | None = None) -> dict:
+    """`rank_steps` (tensor parallel: the other ranks' GPU spans) is left out when there are none, so a
+    single-GPU timeline reads exactly as before it existed."""
+    tl = {"schema": SCHEMA_ID, "meta": meta, "steps": steps, "requests": requests, "nvml": nvml,
+          "mode_changes": mode_changes, "summary": summary}
+    if rank_steps:
+        tl["rank_steps"] = rank_steps
+    return tl
 
 
 def created_now() -> str:
@@ -73,12 +78,17 @@ def shift_mode(rec: dict, d: float) -> dict:
     return {**rec, "t_us": _add(rec["t_us"], d)}
 
 
+def shift_rank_step(rec: dict, d: float) -> dict:
+    return {**rec, "gpu": {p: _span(s, d) for p, s in rec["gpu"].items()}, "compute_us": _span(rec.get("compute_us"), d)}
+
+
 def shift_records(parts: dict, d: float) -> dict:
-    """{"steps","requests","nvml","mode_changes"} with every time moved by d µs."""
+    """{"steps","requests","nvml","mode_changes","rank_steps"} with every time moved by d µs."""
     return {"steps": [shift_step(r, d) for r in parts["steps"]],
             "requests": [shift_request(r, d) for r in parts["requests"]],
             "nvml": [shift_sample(r, d) for r in parts["nvml"]],
-            "mode_changes": [shift_mode(r, d) for r in parts["mode_changes"]]}
+            "mode_changes": [shift_mode(r, d) for r in parts["mode_changes"]],
+            "rank_steps": [shift_rank_step(r, d) for r in parts.get("rank_steps", [])]}
 
 
 # ---- validation and loading ---------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Producers (the engine thread, the sampler thread) only `publish`: one deque append, never a lock held on a
 subscriber, never a wait. A flusher thread wakes ~20 times a second, drains what was published, builds one frame
-(a short list of messages: "mode", "steps", "requests", "nvml", every few frames "stats"), encodes its JSON once
+(a short list of messages: "mode", "steps", "rank_steps", "requests", "nvml", every few frames "stats"), encodes its JSON once
 and offers it to every subscriber. A subscriber whose queue is full loses its oldest frame; its next `get` starts
 with a {"type": "dropped"} notice saying how many frames it lost. So a stalled viewer costs the engine nothing.
 Each queue is bounded in frames and in bytes, and the number of subscribers is capped (`TooManySubscribers`).
@@ -185,7 +185,7 @@ class Hub:
 
     # ---- any thread, cheap ---------------------------------------------------------------------------------
     def publish(self, kind: str, obj) -> None:
-        """kind: "step" | "request" | "nvml" | "mode". O(1); the oldest item goes when the flusher falls behind."""
+        """kind: "step" | "rank_step" | "request" | "nvml" | "mode". O(1); the oldest item goes when the flusher falls behind."""
         if len(self._pending) == self._pending.maxlen:
             self.pending_overflow += 1
         self._pending.append((kind, obj))
@@ -253,10 +253,12 @@ class Hub:
 
     @staticmethod
     def _messages(items: list) -> list:
-        steps, nvml, modes, requests = [], [], [], {}
+        steps, rank_steps, nvml, modes, requests = [], [], [], [], {}
         for kind, obj in items:
             if kind == "step":
                 steps.append(obj)
+            elif kind == "rank_step":
+                rank_steps.append(obj)
             elif kind == "nvml":
                 nvml.append(obj)
             elif kind == "mode":
@@ -266,6 +268,8 @@ class Hub:
         out = list(modes)
         if steps:
             out.append({"type": "steps", "steps": steps})
+        if rank_steps:
+            out.append({"type": "rank_steps", "rank_steps": rank_steps})
         if requests:
             out.append({"type": "requests", "requests": [request_view(r) for r in requests.values()]})
         if nvml:

@@ -2,7 +2,8 @@
 
 Each sample is a dict with the firm NVML fields (None where there is no NVML) plus host `cpu_pct` and the engine
 process's `proc_cpu_pct`. On NVML machines `fine` carries the driver's own finer utilization samples since the
-previous poll (`nvmlDeviceGetSamples`), mapped onto the session clock.
+previous poll (`nvmlDeviceGetSamples`), mapped onto the session clock. Under tensor parallelism every poll gives
+one sample per rank's GPU, each with `gpu` (its NVML index) and `rank`; the host CPU fields ride on rank 0's.
 
 NVML utilization is the share of a 1/6 to 1 s driver window in which any kernel ran: a GPU that idles 2 ms between
 10 ms steps still reads 100%. The event-based busy % (union of compute spans) sees those gaps; that is why the two
@@ -67,7 +68,8 @@ class Sampler:
     """Polls at `hz` on its own thread and hands each sample to `emit` (which must be cheap and thread-safe)."""
 
     def __init__(self, emit: Callable[[dict], None], now_us: Callable[[], float], device: str | None,
-                 hz: float = 20.0, unix_origin_ns: int | None = None, use_nvml: bool = True):
+                 hz: float = 20.0, unix_origin_ns: int | None = None, use_nvml: bool = True,
+                 rank_devices: list[str] | None = None):
         self.emit = emit
         self.now_us = now_us
         self.period = 1.0 / hz if hz and hz > 0 else None
@@ -81,6 +83,7 @@ class Sampler:
         self.last_error: str | None = None
         self._handle = None
         self._last_driver_ts = 0
+        self._ranks: list[list] = []        # tensor parallel: [rank, nvml index, handle, last driver ts]
         self._proc = psutil.Process() if psutil else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -90,6 +93,8 @@ class Sampler:
             self.reason = _IMPORT_ERROR
         else:
             self._open_nvml(device)
+            if self.nvml and rank_devices and len(rank_devices) > 1:
+                self._open_ranks(rank_devices)
         if self._proc is not None:          # prime the "since last call" CPU counters
             psutil.cpu_percent(None)
             self._proc.cpu_percent(None)
@@ -107,6 +112,15 @@ class Sampler:
         except Exception as exc:
             self.reason = f"NVML unavailable: {exc}"
             self._handle = None
+
+    def _open_ranks(self, devices: list[str]) -> None:
+        try:
+            for rank, device in enumerate(devices):
+                handle = self._handle if rank == 0 else _nvml_handle(device)
+                self._ranks.append([rank, pynvml.nvmlDeviceGetIndex(handle), handle, self._last_driver_ts])
+        except Exception as exc:
+            self._ranks = []
+            self.last_error = f"NVML: the other ranks' GPUs: {exc}"
 
     @property
     def kind(self) -> str:
@@ -131,18 +145,31 @@ class Sampler:
                 sample["proc_cpu_pct"] = self._proc.cpu_percent(None)
             except Exception:
                 pass
+        if self._ranks:
+            for i, entry in enumerate(self._ranks):
+                rank, index, handle, self._last_driver_ts = entry
+                mine = sample if i == 0 else {k: v for k, v in sample.items() if k not in ("cpu_pct", "proc_cpu_pct")}
+                mine.update(gpu=index, rank=rank)
+                self._read_nvml_safely(mine, handle)
+                entry[3] = self._last_driver_ts
+                self.samples += 1
+                self.emit(mine)
+            return sample
         if self.nvml:
-            try:
-                self._read_nvml(sample)
-            except Exception as exc:
-                self.errors += 1
-                self.last_error = str(exc)
+            self._read_nvml_safely(sample, self._handle)
         self.samples += 1
         self.emit(sample)
         return sample
 
-    def _read_nvml(self, sample: dict) -> None:
-        h = self._handle
+    def _read_nvml_safely(self, sample: dict, handle) -> None:
+        try:
+            self._read_nvml(sample, handle)
+        except Exception as exc:
+            self.errors += 1
+            self.last_error = str(exc)
+
+    def _read_nvml(self, sample: dict, handle) -> None:
+        h = handle
         util = pynvml.nvmlDeviceGetUtilizationRates(h)
         sample["gpu_util"] = float(util.gpu)
         sample["mem_util"] = float(util.memory)
@@ -155,16 +182,16 @@ class Sampler:
             sample["sm_clock_mhz"] = float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
         except Exception:
             pass
-        fine = self._driver_samples()
+        fine = self._driver_samples(h)
         if fine:
             sample["fine"] = fine
 
-    def _driver_samples(self) -> list | None:
+    def _driver_samples(self, handle) -> list | None:
         """The driver's own utilization samples since the last poll, as [t_us, util] on the session clock."""
         if self.unix_origin_ns is None:
             return None
         try:
-            vtype, raw = pynvml.nvmlDeviceGetSamples(self._handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+            vtype, raw = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
                                                      self._last_driver_ts)
         except Exception:           # NOT_FOUND when nothing is new, NOT_SUPPORTED on some boards
             return None

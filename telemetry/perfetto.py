@@ -6,6 +6,7 @@ Tracks (each a pid/tid pair, all named with "M" events):
                   on CPU only tid 2 (the launch span standing in for compute) and tid 4
   pid 3 requests  one lane per concurrent request: arrival -> finish, with arrival -> first token nested inside
   pid 4 metrics   counters: batch size, tokens, KV usage, queue depth, tokens/s, NVML utilization, power, CPU %
+  pid 10+r        tensor parallel: rank r's streams (r >= 1), tid 1-3 as for pid 2 (pid 2 is rank 0's GPU)
 Spans of one track never partially overlap: the host thread and each stream run one thing at a time, and any
 clock jitter that would make two touch is clipped. Times are quantised to 1/8 µs, which is exact in binary, so
 `ts + dur` of one event equals the `ts` of the next exactly. Files are capped by event count (oldest steps go
@@ -18,6 +19,7 @@ from collections import deque
 from .records import GPU_PHASES, HOST_PHASES
 
 HOST, GPU, REQUESTS, METRICS = 1, 2, 3, 4
+RANK_PID = 10                  # + rank, for ranks >= 1
 _STREAM_TID = {"h2d": 1, "compute": 2, "d2h": 3}
 _IDLE_TID = 4
 _EVENTS_PER_STEP = 16          # a generous estimate used for the cap
@@ -88,6 +90,7 @@ def to_perfetto(timeline: dict, max_events: int = 2_000_000, max_request_lanes: 
     counters = tr.track(METRICS, 1, "counters")
     for rec, rate in zip(steps, _rolling_rate(steps)):
         _step_events(tr, counters, rec, rate)
+    _rank_events(tr, meta, timeline.get("rank_steps") or [], t_from)
     for s in nvml:
         _nvml_counters(counters, s)
     for mc in timeline.get("mode_changes", []):
@@ -174,10 +177,30 @@ def _step_events(tr: _Trace, counters: list, rec: dict, rate: float | None) -> N
         counters.append(_counter("tokens/s", t, {"tokens_per_s": rate}))
 
 
+def _rank_events(tr: _Trace, meta: dict, rank_steps: list, t_from: float | None) -> None:
+    """Tensor parallel: each other rank's streams as a process of their own, named by rank and device."""
+    devices = {r.get("rank"): r.get("device") for r in (meta.get("info") or {}).get("ranks") or []}
+    if rank_steps:
+        tr.procs[GPU] = f"rank 0 {tr.procs[GPU]}"
+    for rec in rank_steps:
+        rank, n = rec["rank"], rec["step"]
+        pid = RANK_PID + rank
+        if pid not in tr.procs:
+            tr.procs[pid] = f"rank {rank} {devices.get(rank) or ''}".strip()
+        for phase, span in rec["gpu"].items():
+            if span is None or (t_from is not None and span[1] < t_from):
+                continue
+            tr.track(pid, _STREAM_TID[phase], f"{phase.upper() if phase != 'compute' else 'compute'} stream")
+            tr.span(pid, _STREAM_TID[phase], f"{phase} {n}", span[0], span[1], "gpu",
+                    {"step": n, "rank": rank, "mode": rec.get("mode")})
+
+
 def _nvml_counters(counters: list, s: dict) -> None:
     t = _q(s["t_us"])
     util = {k: s[f"{k}_util"] for k in ("gpu", "mem") if s.get(f"{k}_util") is not None}
-    if util:
+    if util and s.get("gpu") is not None and s.get("rank") is not None:
+        counters.append(_counter(f"NVML utilization % (rank {s['rank']}, GPU {s['gpu']})", t, util))
+    elif util:
         counters.append(_counter("NVML utilization %", t, util))
     if s.get("power_w") is not None:
         counters.append(_counter("power W", t, {"power": s["power_w"]}))

@@ -18,11 +18,11 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-from batchscope.engine.trace import ModeChange, StepTrace
+from batchscope.engine.trace import ModeChange, RankSpans, StepTrace
 
 from .clock import EventClock
 from .idle import IdleAttributor
-from .records import mode_record, request_record, step_record
+from .records import mode_record, rank_step_record, request_record, step_record
 
 MAX_RECORDINGS = 8                      # named recordings kept; starting one more drops the oldest
 MAX_RECORDING_STEPS = 200_000           # per recording and kind of record
@@ -39,6 +39,7 @@ REQUEST_JSON_BYTES = 220                # plus each token time
 TOKEN_JSON_BYTES = 12
 NVML_JSON_BYTES = 200
 MODE_JSON_BYTES = 80
+RANK_STEP_JSON_BYTES = 260
 
 
 def json_bytes_estimate(kind: str, rec: dict) -> int:
@@ -47,6 +48,8 @@ def json_bytes_estimate(kind: str, rec: dict) -> int:
         return STEP_JSON_BYTES + (len(ids) * (len(ids[-1]) + 3) if ids else 0)
     if kind == "requests":
         return REQUEST_JSON_BYTES + TOKEN_JSON_BYTES * len(rec.get("token_us") or ())
+    if kind == "rank_steps":
+        return RANK_STEP_JSON_BYTES
     return NVML_JSON_BYTES if kind == "nvml" else MODE_JSON_BYTES
 
 
@@ -63,8 +66,10 @@ class Recording:
         self.requests: list = []
         self.nvml: list = []
         self.mode_changes: list = []
-        self.caps = {"steps": max_steps, "requests": max_requests, "nvml": max_nvml, "mode_changes": max_steps}
-        self.dropped = {"steps": 0, "requests": 0, "nvml": 0, "mode_changes": 0}
+        self.rank_steps: list = []      # tensor parallel: the other ranks' GPU spans, per step
+        self.caps = {"steps": max_steps, "requests": max_requests, "nvml": max_nvml, "mode_changes": max_steps,
+                     "rank_steps": 8 * max_steps}
+        self.dropped = {"steps": 0, "requests": 0, "nvml": 0, "mode_changes": 0, "rank_steps": 0}
         self.max_bytes = max_bytes
         self.bytes = 0                  # estimated JSON size of what it holds
         self.full = False               # the byte cap was reached: nothing of any kind is kept after
@@ -107,6 +112,8 @@ class Recorder:
         self.active: OrderedDict = OrderedDict()               # id -> record of requests not finished yet
         self.nvml: deque = deque(maxlen=ring_nvml)
         self.mode_changes: deque = deque(maxlen=1000)
+        self.rank_steps: deque = deque(maxlen=8 * ring_steps)   # the other tensor-parallel ranks' spans
+        self._step_modes: dict[int, str] = {}                    # recent steps' modes, for those spans
         self.max_active = max_active
         self.publish = publish or (lambda kind, obj: None)
         self.clock = EventClock(origin_ns)
@@ -136,6 +143,18 @@ class Recorder:
             self._on_step(event)
         elif isinstance(event, ModeChange):
             self._on_mode(event)
+        elif isinstance(event, RankSpans):
+            self._on_rank_spans(event)
+
+    def _on_rank_spans(self, event: RankSpans) -> None:
+        """Other ranks' spans arrive a step or two after rank 0's trace of the same step: own records."""
+        us = self._us
+        for rank, step, spans in event.spans:
+            rec = rank_step_record(step, rank, self._step_modes.get(step),
+                                   {phase: [us(a), us(b)] for phase, (a, b) in spans.items()})
+            self.rank_steps.append(rec)
+            self._to_recording("rank_steps", rec)
+            self.publish("rank_step", rec)
 
     def _on_mode(self, change: ModeChange) -> None:
         rec = mode_record(self._us(change.t_ns), change.step, change.from_mode, change.to_mode)
@@ -170,6 +189,9 @@ class Recorder:
 
         tokens_out = sum(n for _, n in tr.tokens)
         rec = step_record(tr, cpu, gpu, compute, basis, idle_us, cause, parts, tokens_out)
+        self._step_modes[tr.step] = tr.mode
+        if len(self._step_modes) > 64:
+            del self._step_modes[next(iter(self._step_modes))]
         self.steps.append(rec)
         self._to_recording("steps", rec)
         self.publish("step", rec)
@@ -248,7 +270,8 @@ class Recorder:
 
     def snapshot(self) -> dict:
         return {"steps": _in_step_order(list(self.steps)), "requests": list(self.requests) + self.active_requests(),
-                "nvml": list(self.nvml), "mode_changes": list(self.mode_changes)}
+                "nvml": list(self.nvml), "mode_changes": list(self.mode_changes),
+                "rank_steps": list(self.rank_steps)}
 
     def start_recording(self, name: str, now_us: float) -> tuple[Recording, list[str]]:
         """Start a named recording; a recording already running is stopped first. A name used before is
@@ -305,7 +328,7 @@ class Recorder:
             known = {r["id"] for r in requests}
             requests += [r for r in self.active_requests() if r["id"] not in known]
         return rec, {"steps": _in_step_order(list(rec.steps)), "requests": requests, "nvml": list(rec.nvml),
-                     "mode_changes": list(rec.mode_changes)}
+                     "mode_changes": list(rec.mode_changes), "rank_steps": list(rec.rank_steps)}
 
 
 def _step_end(rec: dict) -> float | None:

@@ -32,6 +32,7 @@ def step_record(trace, cpu: dict, gpu: dict | None, compute: list | None, basis:
     work overlapped (async), so no span is ever attributed to the wrong step."""
     rec = {
         "step": trace.step,
+        "rank": 0,                  # the tensor-parallel rank whose GPU the spans are from (rank 0 plans steps)
         "mode": trace.mode,
         "slot": trace.slot,
         "num_requests": len(trace.request_ids),
@@ -62,6 +63,12 @@ def step_record(trace, cpu: dict, gpu: dict | None, compute: list | None, basis:
     if trace.error:
         rec["error"] = str(trace.error)
     return rec
+
+
+def rank_step_record(step: int, rank: int, mode: str | None, gpu: dict) -> dict:
+    """Another tensor-parallel rank's part of a step: its own CUDA events on the same host clock (on CPU, its
+    launch span as "compute"). The step's host spans and counts are in rank 0's step record."""
+    return {"step": step, "rank": rank, "mode": mode, "gpu": gpu, "compute_us": gpu.get("compute")}
 
 
 def request_record(rid: str, arrival_us: float | None, prompt_tokens: int | None) -> dict:

@@ -19,6 +19,7 @@ STEP = {
                  "kv_blocks_used", "kv_blocks_total", "queue_depth", "cpu", "gpu_idle_before_us", "idle_cause"],
     "properties": {
         "step": _COUNT,
+        "rank": _COUNT,
         "mode": {"enum": ["sync", "async"]},
         "slot": _COUNT,
         "num_requests": _COUNT,
@@ -47,6 +48,20 @@ STEP = {
     },
 }
 
+RANK_STEP = {
+    "type": "object",
+    "description": "tensor parallel: another rank's part of a step, from its own CUDA events (on CPU its launch "
+                   "span as compute); the step's host spans and counts are in rank 0's step record",
+    "required": ["step", "rank", "gpu"],
+    "properties": {
+        "step": _COUNT,
+        "rank": {"type": "integer", "minimum": 1},
+        "mode": {"enum": ["sync", "async", None]},
+        "gpu": {"type": "object", "properties": {p: _SPAN for p in GPU_PHASES}, "additionalProperties": False},
+        "compute_us": {"anyOf": [_SPAN, {"type": "null"}]},
+    },
+}
+
 REQUEST = {
     "type": "object",
     "required": ["id", "arrival_us", "first_token_us", "finish_us", "prompt_tokens", "output_tokens",
@@ -72,6 +87,8 @@ NVML_SAMPLE = {
         "t_us": {"type": "number"},
         **{f: _NUM_OR_NULL for f in NVML_FIELDS},
         "source": {"enum": ["nvml", "psutil"]},
+        "gpu": {"type": "integer", "minimum": 0, "description": "NVML index of the GPU sampled"},
+        "rank": {"type": "integer", "minimum": 0, "description": "the tensor-parallel rank running on it"},
         "cpu_pct": _NUM_OR_NULL,
         "proc_cpu_pct": _NUM_OR_NULL,
         "fine": {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 2,
@@ -119,6 +136,7 @@ SCHEMA = {
         "requests": {"type": "array", "items": REQUEST},
         "nvml": {"type": "array", "items": NVML_SAMPLE},
         "mode_changes": {"type": "array", "items": MODE_CHANGE},
+        "rank_steps": {"type": "array", "items": RANK_STEP},
         "summary": {"type": "object"},
     },
 }

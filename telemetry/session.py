@@ -73,7 +73,8 @@ class Telemetry:
         self.device = str(device) if device is not None else None
         self.sampler = Sampler(self.recorder.on_sample, self.now_us, self.device, hz=nvml_hz,
                                unix_origin_ns=self.unix_origin_ns,
-                               use_nvml=bool(self.device and self.device.startswith("cuda")))
+                               use_nvml=bool(self.device and self.device.startswith("cuda")),
+                               rank_devices=[r["device"] for r in self.info.get("ranks") or []])
         self.sampler.start()
         self._observer = self._observe      # one bound method: the engine removes observers by identity
         try:
@@ -140,6 +141,7 @@ class Telemetry:
         steps = [r for r in list(self.recorder.steps)[-4000:] if (span_end(r) or now) >= since]
         nvml = [s for s in list(self.recorder.nvml) if s["t_us"] >= since]
         done = [r for r in list(self.recorder.requests) if (r["finish_us"] or now) >= since]
+        ranks = [r for r in list(self.recorder.rank_steps)[-8000:] if (r["compute_us"] or [now, now])[1] >= since]
         requests = [request_view(r) for r in done[-500:] + self.recorder.active_requests()[-500:]]
         status = self.status()
         # model, device, gpu_name and nvml_available: the names /api/status gives the page's status line
@@ -147,7 +149,7 @@ class Telemetry:
                 "gpu_name": status["gpu_name"], "nvml_available": bool(status["nvml"]), "info": self.info,
                 "config": self._config(), "mode": self._mode(), "status": status, "t_us": now,
                 "recent": {"steps": steps, "nvml": nvml, "mode_changes": list(self.recorder.mode_changes),
-                           "requests": requests}}
+                           "requests": requests, "rank_steps": ranks}}
 
     def _live_stats(self) -> dict:
         """The body of "stats" messages (on the hub's thread): engine counters plus the last second's rates."""
@@ -180,7 +182,8 @@ class Telemetry:
         _, parts = self.recorder.recording_snapshot(rec.name)
         t0, t1 = _window(parts["steps"], rec.start_us, rec.stop_us)
         rec.summary = {"recording": rec.name, **summarize(parts["steps"], parts["requests"], parts["nvml"],
-                                                             self.info, self.bandwidth_gbps, t0, t1)}
+                                                             self.info, self.bandwidth_gbps, t0, t1,
+                                                             rank_steps=parts["rank_steps"])}
         return rec.summary
 
     def recordings(self) -> list[str]:
@@ -197,7 +200,7 @@ class Telemetry:
         """Summary of the live ring over [t0_us, t1_us) (session µs; None: from the first / to the last step)."""
         parts = self.recorder.snapshot()
         return summarize(parts["steps"], parts["requests"], parts["nvml"], self.info, self.bandwidth_gbps,
-                         t0_us, t1_us)
+                         t0_us, t1_us, rank_steps=parts["rank_steps"])
 
     @staticmethod
     def compare(summary_a: dict, summary_b: dict, labels: tuple[str, str] = ("a", "b")) -> dict:
@@ -218,9 +221,9 @@ class Telemetry:
                         "dropped": dict(rec.dropped), "truncated": rec.truncated, "full": rec.full,
                         "full_at_us": rec.full_at_us, "bytes_estimate": rec.bytes}
         summary = summarize(parts["steps"], parts["requests"], parts["nvml"], self.info, self.bandwidth_gbps,
-                            t0, t1)
+                            t0, t1, rank_steps=parts["rank_steps"])
         return build_timeline(self._meta(rec_meta, origin), parts["steps"], parts["requests"], parts["nvml"],
-                              parts["mode_changes"], summary)
+                              parts["mode_changes"], summary, parts["rank_steps"])
 
     def perfetto(self, recording: str | None = None, max_events: int = 2_000_000) -> dict:
         """The same timeline as a Chrome Trace Event dict (Perfetto / chrome://tracing)."""

@@ -79,8 +79,9 @@ def select_steps(steps, t0_us=None, t1_us=None) -> list:
 
 
 def summarize(steps, requests=(), nvml=(), info: dict | None = None, bandwidth_gbps: float | None = None,
-              t0_us: float | None = None, t1_us: float | None = None) -> dict:
-    """Step, request and NVML metrics over [t0_us, t1_us) (default: the steps' own extent), and the floor."""
+              t0_us: float | None = None, t1_us: float | None = None, rank_steps=()) -> dict:
+    """Step, request and NVML metrics over [t0_us, t1_us) (default: the steps' own extent), and the floor.
+    With tensor parallelism (`rank_steps`, the other ranks' spans) also busy % per rank and NVML per GPU."""
     steps = select_steps(steps, t0_us, t1_us)
     w0 = t0_us if t0_us is not None else min((span_start(r) for r in steps), default=None)
     w1 = t1_us if t1_us is not None else max((span_end(r) for r in steps), default=None)
@@ -89,6 +90,8 @@ def summarize(steps, requests=(), nvml=(), info: dict | None = None, bandwidth_g
     summary.update(_nvml_summary(nvml, w0, w1))
     summary.update(floor(steps, info or {}, bandwidth_gbps, summary["decode_ms_p50"]))
     summary["per_mode"] = per_mode(steps, nvml)
+    if rank_steps:
+        summary["ranks"] = per_rank(steps, rank_steps, nvml, w0, w1)
     from .forecast import forecast_async     # forecast builds on this module's helpers
     summary["async_forecast"] = forecast_async(steps)
     return summary
@@ -187,6 +190,24 @@ def per_mode(steps, nvml=()) -> dict:
         runs = stretches(steps, mode)
         if runs:
             out[mode] = {**stretch_figures(runs, nvml), "latest": stretch_figures(runs[-1:], nvml)}
+    return out
+
+
+def per_rank(steps, rank_steps, nvml, w0, w1) -> list[dict]:
+    """Busy % of every rank's GPU over the window (compute spans from its own events), and its NVML means."""
+    dur = (w1 - w0) if w0 is not None and w1 is not None and w1 > w0 else 0.0
+    spans = {0: [r["compute_us"] for r in steps if r.get("compute_us")]}
+    for r in rank_steps:
+        if r.get("compute_us") and (w0 is None or r["compute_us"][1] >= w0) and (w1 is None or r["compute_us"][0] <= w1):
+            spans.setdefault(r["rank"], []).append(r["compute_us"])
+    out = []
+    for rank in sorted(spans):
+        mine = [s for s in nvml if s.get("rank") == rank and (w0 is None or s["t_us"] >= w0)
+                and (w1 is None or s["t_us"] <= w1) and s.get("gpu_util") is not None]
+        out.append({"rank": rank, "steps": len(spans[rank]),
+                    "busy_pct": round(100.0 * union_length(spans[rank], w0, w1) / dur, 2) if dur else None,
+                    "gpu": mine[0].get("gpu") if mine else None,
+                    "gpu_util_mean": round(sum(s["gpu_util"] for s in mine) / len(mine), 2) if mine else None})
     return out
 
 

@@ -35,6 +35,9 @@ class FakeNVML:
     def nvmlDeviceGetHandleByIndex(self, index):
         return ("gpu", index)
 
+    def nvmlDeviceGetIndex(self, handle):
+        return handle[1]
+
     def nvmlDeviceGetName(self, handle):
         return b"NVIDIA H200"
 
@@ -92,6 +95,26 @@ def test_nvml_fields_and_the_driver_samples_on_the_session_clock(monkeypatch):
     assert fake.sample_calls[-1] == fake.origin_us + 2_000
     sampler.close()
     assert fake.shutdown and sampler.status()["nvml"] is False
+
+
+def test_tensor_parallel_samples_every_rank_gpu_with_its_rank(monkeypatch):
+    """One sample per rank's GPU per poll, each naming its NVML index and rank; host CPU % only on rank 0's.
+    Each GPU keeps its own driver-sample cursor."""
+    origin = time.time_ns()
+    fake = FakeNVML(origin)
+    monkeypatch.setattr(nvml_mod, "pynvml", fake)
+    got = []
+    sampler = Sampler(got.append, lambda: 5.0, "cuda:0", hz=20.0, unix_origin_ns=origin,
+                      rank_devices=["cuda:0", "cuda:1"])
+    sampler.sample_once()
+    assert [(s["rank"], s["gpu"]) for s in got] == [(0, 0), (1, 1)]
+    assert all(s["gpu_util"] == 87.0 and s["t_us"] == 5.0 for s in got)
+    assert "cpu_pct" in got[0] and "cpu_pct" not in got[1]
+    assert [v for _, v in got[1]["fine"]] == [50.0, 100.0]     # rank 1's cursor did not move with rank 0's
+    got.clear()
+    sampler.sample_once()
+    assert len(got) == 2 and not any("fine" in s for s in got)
+    sampler.close()
 
 
 def test_a_failing_nvml_falls_back_to_psutil_with_the_reason(monkeypatch):
