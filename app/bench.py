@@ -380,4 +380,5 @@ def main(args=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from batchscope.engine.peers import leave
+    sys.exit(leave(main()))

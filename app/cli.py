@@ -18,7 +18,11 @@ DEFAULT_PORT = 7860
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return args.func(args)
+    rc = args.func(args)
+    if "torch" in sys.modules:     # a tensor-parallel run on CUDA exits without tearing its NCCL group down
+        from batchscope.engine.peers import leave
+        rc = leave(rc)
+    return rc
 
 
 def build_parser() -> argparse.ArgumentParser:

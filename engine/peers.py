@@ -206,6 +206,16 @@ def _accept(listener: Listener, procs: list):
     return result[0]
 
 
+def leave(rc: int) -> int:
+    """A command's last call: a process that ran an NCCL group exits right away, without the interpreter's
+    teardown, where the group's destruction can hang after all work has finished."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
+
+
 def _peer_error(rank: int, text: str) -> Exception:
     last = text.strip().splitlines()[-1] if text.strip() else text
     if last.startswith("batchscope.engine.config.ConfigError: "):

@@ -255,7 +255,9 @@ FAMILIES["x"] = (FAMILIES[family][0], {**FAMILIES[family][1], **changes})
 path = build_checkpoint("x", sys.argv[4])
 res = run_matrix_family(path, "cuda", tensor_parallel_size=2)
 print("RESULT " + json.dumps({"modes": res["modes"], "preempted": res["preempted"], "chunked": res["chunked"],
-                              "ranks": res["info"]["ranks"], "note": res["graphs_note"]}))
+                              "ranks": res["info"]["ranks"], "note": res["graphs_note"]}), flush=True)
+from batchscope.engine.peers import leave
+leave(0)
 """
 
 
