@@ -248,6 +248,11 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
         med = {k: _median(m.get(k) for m in mine) for k in METRICS if k != "speedup"}
         med.update(system=mine[0]["system"], mode=mine[0]["mode"], repeats=len(mine),
                    lengths_ok=all(m["lengths_ok"] for m in mine))
+        if mine[0].get("ranks"):        # tensor parallel: every GPU's busy % and NVML mean, medians
+            med["ranks"] = [{"rank": r["rank"], "gpu": r.get("gpu"),
+                             **{k: _median(m["ranks"][i].get(k) for m in mine if m.get("ranks"))
+                                for k in ("busy_pct", "gpu_util_mean")}}
+                            for i, r in enumerate(mine[0]["ranks"])]
         results[label] = med
     for m in list(runs) + list(results.values()):
         ms, fl = m.get("decode_ms_per_step"), m.get("floor_ms_per_step")
