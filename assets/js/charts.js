@@ -5,7 +5,7 @@
  * redraw scheduler can spread a picture over several turns of the event loop. The rates are re-binned to the
  * window: a fixed number of points across it, each the average over a window of at least four steps, so a
  * zoom narrower than a step still shows the local busy % and tokens/s instead of an empty chart. */
-import { dataExtent, samplesAround, state, stepRange, stepsAround } from "./feed.js";
+import { dataExtent, samplesAround, state, stepRange, stepsAround, tensorParallel } from "./feed.js";
 import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, draw, fontPx, modeRuns, modeShapes, titled } from "./plot.js";
 import { $ } from "./util.js";
 
@@ -13,6 +13,7 @@ export const CHARTS = ["bs-c-busy", "bs-c-tps", "bs-c-batch", "bs-c-kv", "bs-c-q
 const CHART_HEIGHT = 210;
 const POINTS = 120;                        // points across the window for the rates
 const MIN_STEPS_PER_POINT = 4;             // fewer, and a busy % of whole and empty steps saws up and down
+const LEGEND_ROW_PX = 19;                  // a row of a chart's legend
 const MAX_LINE_POINTS = 1500;              // per-step series beyond this are bucketed (SVG paths stay short)
 
 // What every chart of one picture needs, computed once; the rates only when a chart asks for them.
@@ -60,13 +61,19 @@ function rates(d, lo, hi) {
   const compute = cumulativeSpans(d.steps, a, z), tokens = cumulativeTokens(d.steps, a, z);
   let hostBasis = false;
   for (let i = a; i < z && !hostBasis; i++) hostBasis = d.steps[i]._hostCompute;
-  const out = { x: [], busy: [], tok: [], pre: [], win, gpuSeen: compute.n > 0, hostBasis };
+  // tensor parallel: each other rank's busy %, from its own compute spans, the same way
+  const ranks = tensorParallel(d).ranks.map(rk => {
+    const list = (d.rankSteps && d.rankSteps[rk.rank]) || [];
+    return { rank: rk.rank, host: rk.host, compute: cumulativeSpans(list, ...stepRange(list, lo - win, hi + win, 2)), busy: [] };
+  });
+  const out = { x: [], busy: [], tok: [], pre: [], win, gpuSeen: compute.n > 0, hostBasis, ranks };
   for (let i = 0; i < POINTS; i++) {
     const mid = lo + (i + 0.5) * binW;
     const l = Math.max(mid - win / 2, x0), r = Math.min(mid + win / 2, x1);
     if (!(r - l >= win / 4)) continue;      // too little data under this point to say anything
     out.x.push(mid / 1e6);
     out.busy.push(Math.min(100, 100 * (compute.at(r) - compute.at(l)) / (r - l)));
+    for (const rk of ranks) rk.busy.push(Math.min(100, 100 * (rk.compute.at(r) - rk.compute.at(l)) / (r - l)));
     const per = 1e6 / (r - l);
     out.tok.push((tokens.at(r, 0) - tokens.at(l, 0)) * per);
     out.pre.push((tokens.at(r, 1) - tokens.at(l, 1)) * per);
@@ -115,19 +122,44 @@ function duration(us) {
 
 // ---------------------------------------------------------------- the charts
 
-// GPU busy %: the share of each window the compute spans cover, measured with events; NVML beside it.
+// The other ranks' busy lines and NVML's per-GPU lines, told apart by colour and dash.
+const RANK_COLORS = ["#0d9488", "#65a30d", "#0891b2", "#4d7c0f", "#0f766e", "#15803d", "#0e7490"];
+const GPU_LINES = [["#475569", "dash"], ["#94a3b8", "dot"], ["#334155", "dashdot"], ["#64748b", "longdash"]];
+
+// GPU busy %: the share of each window the compute spans cover, measured with events; NVML beside it. Under
+// tensor parallelism, one busy line per rank and one NVML line per GPU.
 function drawBusy(el, ctx) {
   const r = ctx.rates();
-  const { nv, nvKey } = utilization(samplesAround(ctx.d.nvml, ctx.lo, ctx.hi));
+  const { nv, nvKey, perGpu } = utilization(samplesAround(ctx.d.nvml, ctx.lo, ctx.hi));
   const nvName = nvKey === "gpu_util" ? "NVML util" : "host CPU % (no NVML)";
   const busyName = r.hostBasis ? "compute busy % (host spans)" : "event busy %";
+  // (short names under tensor parallelism: the legend holds a line per rank and per GPU; the title says what
+  // the busy % is measured with)
+  const rankName = rank => "rank " + rank + " busy %";
   const traces = [];
-  if (r.gpuSeen) traces.push(line(busyName, { x: r.x, y: r.busy }, COLOR.compute, { fill: "tozeroy", fillcolor: "rgba(22,163,74,0.12)" }));
-  traces.push(line(nvName, nv, "#475569", { mode: "lines", line: { color: "#475569", width: 1.2, dash: "dash" } }));
+  if (r.gpuSeen) traces.push(line(r.ranks.length ? rankName(0) : busyName, { x: r.x, y: r.busy }, COLOR.compute,
+                                  { fill: "tozeroy", fillcolor: "rgba(22,163,74,0.12)" }));
+  for (const rk of r.ranks) {
+    if (!rk.compute.n) continue;
+    const c = RANK_COLORS[(rk.rank - 1) % RANK_COLORS.length];
+    traces.push(line(rankName(rk.rank), { x: r.x, y: rk.busy }, c, { line: { color: c, width: 1.4 } }));
+  }
+  if (perGpu) {
+    perGpu.forEach((g, i) => {
+      const [c, dash] = GPU_LINES[i % GPU_LINES.length];
+      traces.push(line("GPU" + g.gpu + " util", g, c, { mode: "lines", line: { color: c, width: 1.2, dash } }));
+    });
+  } else {
+    traces.push(line(nvName, nv, "#475569", { mode: "lines", line: { color: "#475569", width: 1.2, dash: "dash" } }));
+  }
+  // a line per rank and per GPU: the legend takes more rows (about two entries a row on a narrow chart), and
+  // the chart grows by them instead of squeezing its plot
+  const extraRows = Math.max(0, Math.ceil(traces.length / 2) - 2);
+  const grow = extraRows ? { height: CHART_HEIGHT + LEGEND_ROW_PX * extraRows } : {};
   draw(el, traces, ctx.layout("Busy %: " + (r.hostBasis ? "compute spans (host)" : "CUDA events") +
-                              (nvKey === "gpu_util" ? " vs NVML" : nvKey ? " vs host CPU" : "") + ` · per ${duration(r.win)}`, {
+                              (nvKey === "gpu_util" ? " vs NVML" : nvKey ? " vs host CPU" : "") + ` · per ${duration(r.win)}`, Object.assign({
     yaxis: { range: [0, 105], gridcolor: GRID, ticksuffix: "%", tickfont: { size: fontPx(10) }, zeroline: false, fixedrange: true },
-  }));
+  }, grow)));
 }
 
 function drawThroughput(el, ctx) {
@@ -138,18 +170,29 @@ function drawThroughput(el, ctx) {
   ], ctx.layout(`Throughput (tokens/s) · per ${duration(r.win)}`));
 }
 
-// NVML utilization, or host CPU % where the samples carry no GPU utilization.
+// NVML utilization, or host CPU % where the samples carry no GPU utilization. Samples of a multi-GPU engine
+// name their GPU (its NVML index): those give one line per GPU (perGpu, ordered by index).
 function utilization(samples) {
   const nv = { x: [], y: [] };
-  let nvKey = null;
+  let nvKey = null, byGpu = null;
   for (const s of samples) {
+    if (typeof s.gpu === "number") {
+      if (s.gpu_util === undefined || s.gpu_util === null) continue;
+      byGpu = byGpu || new Map();
+      let g = byGpu.get(s.gpu);
+      if (!g) byGpu.set(s.gpu, g = { gpu: s.gpu, x: [], y: [] });
+      g.x.push(s.t_us / 1e6); g.y.push(s.gpu_util);
+      nvKey = "gpu_util";
+      continue;
+    }
     const v = s.gpu_util !== undefined && s.gpu_util !== null ? (nvKey = nvKey || "gpu_util", s.gpu_util)
       : s.cpu_pct;
     if (v === undefined || v === null) continue;
     if (!nvKey) nvKey = "cpu";
     nv.x.push(s.t_us / 1e6); nv.y.push(v);
   }
-  return { nv, nvKey };
+  const perGpu = byGpu ? [...byGpu.values()].sort((a, b) => a.gpu - b.gpu) : null;
+  return { nv, nvKey, perGpu };
 }
 
 // Batch: tokens per step split prefill / decode (stacked), and the batch size.

@@ -3,8 +3,10 @@
  * none keeps state of its own about the data.
  *
  * Live and replayed data have one shape, so the same render code draws them:
- *   {steps: [...], nvml: [...], requests: [...], mode_changes: [...], meta: {...}}
- * Times are microseconds since the recording start.
+ *   {steps: [...], nvml: [...], requests: [...], mode_changes: [...], meta: {...}, rankSteps: {rank: [...]}}
+ * Times are microseconds since the recording start. Under tensor parallelism rank 0's steps are `steps` (it
+ * plans them and owns telemetry); the other ranks' GPU spans come as "rank step" records, kept per rank in
+ * `rankSteps` (rank -> records ordered by step), each array bounded like `steps`.
  */
 import { socket } from "./api.js";
 import { fmt, setText } from "./util.js";
@@ -17,7 +19,8 @@ const LATENCY_WINDOW_US = 10e6;             // the header's TTFT covers first to
 
 function emptyStore() {
   // requests: id -> the request's latest record, oldest first (a Map keeps insertion order)
-  return { steps: [], nvml: [], requests: new Map(), mode_changes: [], meta: {}, lastStep: -1, lastT: 0, lastTAt: 0 };
+  return { steps: [], nvml: [], requests: new Map(), mode_changes: [], meta: {}, lastStep: -1, lastT: 0, lastTAt: 0,
+           rankSteps: {}, gpus: 1 };
 }
 
 const redrawFlags = { dirty: true, wake: () => {} };
@@ -86,6 +89,110 @@ function prep(r) {
   return r;
 }
 
+// The same for another rank's part of a step: its GPU spans only (the host spans and counts are rank 0's).
+function prepRank(r) {
+  let s = Infinity, e = -Infinity;
+  const g = r.gpu;
+  if (g) for (const k in g) {
+    const v = g[k];
+    if (!v || v[0] === null || v[0] === undefined || v[1] === null || v[1] === undefined) continue;
+    if (v[0] < s) s = v[0];
+    if (v[1] > e) e = v[1];
+  }
+  const cu = Array.isArray(r.compute_us) && r.compute_us[0] !== null && r.compute_us[1] !== null ? r.compute_us : null;
+  r._cs = span(r, "gpu", "compute") || cu;
+  if (r._cs) { if (r._cs[0] < s) s = r._cs[0]; if (r._cs[1] > e) e = r._cs[1]; }
+  r._s = isFinite(s) ? s : 0;
+  r._e = isFinite(e) ? e : r._s;
+  r._c = r._cs ? r._cs[0] : r._s;
+  return r;
+}
+
+const isRankStep = r => r && typeof r === "object" && typeof r.step === "number" && typeof r.rank === "number" && r.rank >= 1;
+
+// Index of the first record of `arr` (ordered by step) whose step is >= step.
+function stepIndex(arr, step) {
+  let a = 0, b = arr.length;
+  while (a < b) { const mid = (a + b) >> 1; if (arr[mid].step < step) a = mid + 1; else b = mid; }
+  return a;
+}
+
+// The record of step number `step` in `arr` (ordered by step), or null.
+export function findStep(arr, step) {
+  const i = stepIndex(arr, step);
+  return arr && i < arr.length && arr[i].step === step ? arr[i] : null;
+}
+
+// Adds rank step records to byRank (rank -> records ordered by step), skipping those it has. Records of one
+// rank come in order, so this is an append; a late or repeated one (hello's recent overlaps the stream) is
+// found by binary search. Returns the number added.
+function addRankRecords(byRank, list) {
+  let n = 0;
+  for (const r of list || []) {
+    if (!isRankStep(r)) continue;
+    const arr = byRank[r.rank] || (byRank[r.rank] = []);
+    const last = arr[arr.length - 1];
+    if (!last || r.step > last.step) { arr.push(prepRank(r)); n++; continue; }
+    const i = stepIndex(arr, r.step);
+    if (i < arr.length && arr[i].step === r.step) continue;
+    arr.splice(i, 0, prepRank(r)); n++;
+  }
+  return n;
+}
+
+function rankStepsOf(list) {
+  const byRank = {};
+  addRankRecords(byRank, list);
+  return byRank;
+}
+
+// ---------------------------------------------------------------- tensor parallelism
+
+const sizeOf = info => (info && Number.isInteger(info.tensor_parallel_size) ? info.tensor_parallel_size : 1);
+
+// What the data says about tensor parallelism: the ranks beside rank 0 (from the engine's info, and from the
+// rank step records themselves, for a recording made without the info), their devices, and the all-reduce
+// figures the engine measured at start-up. {size: 1, ranks: []} for a single-rank engine.
+export function tensorParallel(d) {
+  const meta = d.meta || {};
+  const info = meta.info || {};
+  const byRank = d.rankSteps || {};
+  const seen = Object.keys(byRank).map(Number).filter(r => r >= 1 && byRank[r].length);
+  const size = Math.max(sizeOf(info), seen.length ? Math.max(...seen) + 1 : 1);
+  const infoRanks = Array.isArray(info.ranks) ? info.ranks : [];
+  const rank0Device = (infoRanks[0] && infoRanks[0].device) || meta.device || "";
+  const ranks = [];
+  for (let rank = 1; rank < size; rank++) {
+    const arr = byRank[rank] || [];
+    const fromInfo = infoRanks.find(x => x && x.rank === rank);
+    const last = arr[arr.length - 1];
+    const device = String((fromInfo && fromInfo.device) || (last && last.device) || (rank0Device.startsWith("cpu") ? "cpu" : ""));
+    // On the CPU a rank has no streams: its "compute" is the launch span the forward ran inside (as rank 0's
+    // host compute). With no device known, whether its records carry copies decides.
+    const host = device.startsWith("cpu") || (!device && !!last && !!last.gpu && !last.gpu.h2d && !last.gpu.d2h);
+    ranks.push({ rank, device, host, phases: host ? ["compute"] : ["h2d", "compute", "d2h"] });
+  }
+  const measured = info.allreduce_us && typeof info.allreduce_us === "object" ? info.allreduce_us : {};
+  const rows = Object.keys(measured).map(Number).filter(k => isFinite(k) && k > 0 && isFinite(measured[k])).sort((a, b) => a - b);
+  return { size, ranks, rank0Device, perStep: Number(info.allreduces_per_step) || 0, measured, rows };
+}
+
+// The rows a step all-reduces: its tokens ([tokens, hidden] after attention and after the MLP of each layer).
+export function stepRows(s) {
+  const t = (s.prefill_tokens || 0) + (s.decode_tokens || 0);
+  return t > 0 ? t : (s.num_requests || 1);
+}
+
+// Estimated all-reduce time of a step of `rows` rows, µs: allreduces_per_step times one all-reduce of the
+// smallest measured size that holds the rows (past the largest, scaled up from it). null when unknown.
+export function allreduceEstimate(tp, rows) {
+  if (!tp || !tp.perStep || !tp.rows.length) return null;
+  const k = tp.rows.find(x => x >= rows);
+  const top = tp.rows[tp.rows.length - 1];
+  const one = k !== undefined ? tp.measured[k] : tp.measured[top] * rows / top;
+  return { us: tp.perStep * one, one, rows: k !== undefined ? k : rows, count: tp.perStep, scaled: k === undefined };
+}
+
 export function normalise(obj) {
   if (!obj || typeof obj !== "object") throw new Error("not a JSON object");
   if (!Array.isArray(obj.steps)) throw new Error("no \"steps\" array: is this a batchscope timeline?");
@@ -98,6 +205,8 @@ export function normalise(obj) {
     mode_changes: Array.isArray(obj.mode_changes) ? obj.mode_changes : [],
     meta: obj.meta || {},
     summary: obj.summary || {},
+    // tensor parallel recordings only; an older timeline has none and replays as before
+    rankSteps: Array.isArray(obj.rank_steps) ? rankStepsOf(obj.rank_steps) : {},
   };
 }
 
@@ -120,13 +229,25 @@ function addSteps(list) {
   trim();
 }
 
+function addRankSteps(list) {
+  const store = state.store;
+  if (!addRankRecords(store.rankSteps, list)) return false;
+  trimRanks();
+  return true;
+}
+
+// The sample the header reads: rank 0's (a multi-GPU tick brings one sample per GPU; only rank 0's carries the
+// host CPU fields), or the only one.
+export const headSample = s => !s.rank;
+
 function addNvml(list) {
   let last = null;
   for (const s of list || []) {
     if (!s || typeof s.t_us !== "number") continue;
     state.store.nvml.push(s);
     seen(s.t_us);
-    last = s;
+    if (typeof s.gpu === "number" && s.gpu + 1 > state.store.gpus) state.store.gpus = s.gpu + 1;
+    if (headSample(s)) last = s;
   }
   // the header's reading twice a second: samples come up to 20 times a second, each a relayout of the header
   if (last && performance.now() - (addNvml.shownAt || 0) > 500) {
@@ -181,7 +302,23 @@ function trim() {
     while (i < store.steps.length && (store.steps[i]._e < cut || store.steps.length - i > KEEP_STEPS)) i++;
     store.steps.splice(0, i);
   }
-  if (store.nvml.length > 20000) store.nvml.splice(0, store.nvml.length - 15000);
+  // one sample per GPU per tick on a tensor-parallel engine: the same history holds as many more
+  const gpus = Math.max(1, store.gpus);
+  if (store.nvml.length > 20000 * gpus) store.nvml.splice(0, store.nvml.length - 15000 * gpus);
+}
+
+// The other ranks' records: the same bounds as rank 0's steps, each rank on its own.
+function trimRanks() {
+  const store = state.store;
+  const cut = store.lastT - KEEP_US;
+  for (const k in store.rankSteps) {
+    const arr = store.rankSteps[k];
+    if (arr.length > KEEP_STEPS * 1.2 || (arr.length && arr[0]._e < cut - 30e6)) {
+      let i = 0;
+      while (i < arr.length && (arr[i]._e < cut || arr.length - i > KEEP_STEPS)) i++;
+      arr.splice(0, i);
+    }
+  }
 }
 
 // One websocket message. `header` shows what the message says about the engine (status, stats, mode).
@@ -196,6 +333,7 @@ export function handle(m, header) {
       delete store.meta.recent;             // the records live in the store, not twice
       const recent = m.recent || {};
       addSteps(recent.steps);
+      addRankSteps(recent.rank_steps);
       addNvml(recent.nvml);
       addRequests(recent.requests);
       for (const c of recent.mode_changes || []) addModeChange(c);
@@ -208,6 +346,8 @@ export function handle(m, header) {
       break;
     }
     case "steps": addSteps(m.steps); state.stepGen++; state.gen++; redrawFlags.wake(); break;
+    // the other ranks' spans of steps already drawn: step data too (the last ones come after the last step)
+    case "rank_steps": if (addRankSteps(m.rank_steps)) { state.stepGen++; state.gen++; redrawFlags.wake(); } break;
     case "nvml": addNvml(m.samples); state.gen++; break;       // NVML alone never hurries a picture
     case "requests": addRequests(m.requests); break;
     case "mode":
@@ -236,7 +376,7 @@ export function currentData() {
   const { view, store } = state;
   if (view.source === "replay" && view.replay) return view.replay;
   return { steps: store.steps, nvml: store.nvml, mode_changes: store.mode_changes,
-           requests: Array.from(store.requests.values()), meta: store.meta };
+           requests: Array.from(store.requests.values()), meta: store.meta, rankSteps: store.rankSteps };
 }
 
 // The live "now" on the server's clock (µs), for the sliding window.

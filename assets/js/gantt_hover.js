@@ -1,12 +1,13 @@
 /* Hover on the Gantt: the step under the cursor, its spans and the idle gap before it, in a small box.
  * Found by binary search in the steps drawn last, so it costs nothing at redraw time, whatever the number of
- * steps (one Plotly marker per step made every redraw of a busy window slow). */
-import { span } from "./feed.js";
+ * steps (one Plotly marker per step made every redraw of a busy window slow). Over another tensor-parallel
+ * rank's lanes it is that rank's part of the step; at every rank the box estimates the step's all-reduce time. */
+import { allreduceEstimate, findStep, span, stepRows } from "./feed.js";
 import { causeLabel } from "./names.js";
 import { GPU, HOST } from "./plot.js";
 import { esc } from "./util.js";
 
-const view = { steps: [], lo: 0, hi: 1, margin: null, bound: null, box: null };
+const view = { steps: [], lo: 0, hi: 1, margin: null, plotH: 0, spec: null, tp: null, rankSteps: {}, bound: null, box: null };
 const NEAR_PX = 24;                        // farther from any step's compute than this: no box
 
 export function bindHover(el, picture) {
@@ -23,7 +24,7 @@ function box(el) {
   const b = document.createElement("div");
   b.id = "bs-gantt-hover";
   Object.assign(b.style, {
-    position: "absolute", zIndex: 5, pointerEvents: "none", display: "none", maxWidth: "420px",
+    position: "absolute", zIndex: 5, pointerEvents: "none", display: "none", maxWidth: "560px",
     background: "rgba(15,23,42,0.94)", color: "#f8fafc", font: "12px/1.45 Inter, system-ui, sans-serif",
     padding: "6px 9px", borderRadius: "6px", boxShadow: "0 2px 8px rgba(15,23,42,0.25)", whiteSpace: "nowrap",
   });
@@ -41,15 +42,22 @@ function show(el, ev) {
   const w = rect.width - m.l - m.r, x = ev.clientX - rect.left - m.l, y = ev.clientY - rect.top;
   if (x < 0 || x > w || y < m.t || y > rect.height - m.b) return hide();
   const usPerPx = (view.hi - view.lo) / w;
-  const s = nearest(steps, view.lo + x * usPerPx);
+  // which rank's lanes the cursor is on: another rank's show its own records
+  const lanes = view.spec ? view.spec.lanes : null;
+  const lane = lanes && view.plotH ? lanes[Math.floor((y - m.t) / (view.plotH / lanes.length))] : null;
+  const rank = lane && lane.rank ? lane.rank : 0;
+  const list = rank ? view.rankSteps[rank] || [] : steps;
+  const s = nearest(list, view.lo + x * usPerPx);
   if (!s || Math.abs(s._c - (view.lo + x * usPerPx)) > Math.max(NEAR_PX * usPerPx, s._e - s._s)) return hide();
   const b = box(el);
-  b.innerHTML = describe(s);
+  b.innerHTML = rank ? describeRank(s, findStep(steps, s.step), view.tp.ranks.find(r => r.rank === rank)) : describe(s);
   b.style.display = "block";
   // beside the cursor, flipped to the left near the right edge
   const bw = b.offsetWidth, left = ev.clientX - rect.left + 14;
   b.style.left = (left + bw > rect.width ? Math.max(0, ev.clientX - rect.left - bw - 14) : left) + "px";
-  b.style.top = Math.max(0, y - 10) + "px";
+  // (above the cursor on the lowest lanes: the Gantt of a tensor-parallel engine is tall)
+  const bh = b.offsetHeight;
+  b.style.top = (y - 10 + bh > rect.height ? Math.max(0, y - bh - 6) : Math.max(0, y - 10)) + "px";
 }
 
 // The step whose compute start (where an idle gap ends) is nearest to t; steps are ordered by index, so by _c.
@@ -62,6 +70,32 @@ function nearest(steps, t) {
   return t - l._c <= r._c - t ? l : r;
 }
 
+// At TP > 1: the step's estimated all-reduce time, from the measurement made at start-up.
+function allreduceLine(step) {
+  const tp = view.tp;
+  if (!tp || tp.size < 2 || !step) return "";
+  const est = allreduceEstimate(tp, stepRows(step));
+  if (!est) return "<br>all-reduce: not measured by this engine";
+  const one = est.one >= 1000 ? (est.one / 1000).toFixed(3) + " ms" : est.one.toFixed(1) + " µs";
+  return `<br>all-reduce ≈ ${(est.us / 1000).toFixed(3)} ms (measured at start-up)` +
+    `<span style="color:#cbd5e1"> · ${est.count} × ${one} for ${est.scaled ? "" : "≤ "}${est.rows} rows` +
+    `${est.scaled ? ", scaled" : ""}</span>`;
+}
+
+// Another rank's part of step `s0` (rank 0's record, which holds the step's counts; null when out of view).
+function describeRank(r, s0, rank) {
+  const ms = v => ((v[1] - v[0]) / 1000).toFixed(3);
+  const host = rank && rank.host;
+  const dev = host ? (r._cs ? `compute (host) ${ms(r._cs)}` : "")
+    : GPU.map(k => { const v = span(r, "gpu", k); return v ? `${k} ${ms(v)}` : ""; }).filter(Boolean).join(", ");
+  const lag = s0 && s0._cs && r._cs ? ((r._cs[0] - s0._cs[0]) / 1000).toFixed(3) : null;
+  const head = `<b style="color:#fff">rank ${r.rank}${rank && rank.device ? " · " + esc(rank.device) : ""} · step ${r.step}</b>` +
+    (r.mode ? " · " + esc(r.mode) : "") +
+    (s0 ? ` · ${s0.num_requests} req · ${s0.prefill_tokens} prefill + ${s0.decode_tokens} decode tok` : "");
+  return head + (dev ? `<br>device ms: ${dev}` : "") +
+    (lag !== null ? `<br>compute starts ${lag >= 0 ? "+" : ""}${lag} ms from rank 0's` : "") + allreduceLine(s0);
+}
+
 function describe(s) {
   const ms = v => v ? ((v[1] - v[0]) / 1000).toFixed(3) : null;
   const list = (group, keys) => keys.map(k => { const v = ms(span(s, group, k)); return v === null ? "" : `${k} ${v}`; })
@@ -72,5 +106,5 @@ function describe(s) {
   // (the page styles <b> dark for its light panels: this box is dark)
   return `<b style="color:#fff">step ${s.step}</b> · ${esc(s.mode)} · slot ${s.slot} · ${s.num_requests} req · ` +
     `${s.prefill_tokens} prefill + ${s.decode_tokens} decode tok<br>host ms: ${list("cpu", HOST)}` +
-    (dev ? `<br>device ms: ${dev}` : "") + idle;
+    (dev ? `<br>device ms: ${dev}` : "") + idle + allreduceLine(s);
 }

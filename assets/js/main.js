@@ -36,6 +36,8 @@ function pictureDone(snap) {
   data.inview = String(inView);
   data.switches = String(snap.switches);
   data.nvml = String(snap.nvml);
+  // tensor parallel: the other ranks' records kept, all ranks together
+  data.ranksteps = String(Object.values(snap.d.rankSteps || {}).reduce((n, a) => n + a.length, 0));
   data.renders = String(state.renders);
   document.dispatchEvent(new CustomEvent("bs-picture", { detail: { lo: snap.lo, hi: snap.hi, steps: inView } }));
 }

@@ -8,7 +8,7 @@ export const HOST = ["schedule", "fill", "launch", "wait", "update"];
 export const GPU = ["h2d", "compute", "d2h"];
 export const COLOR = {
   schedule: "#6366f1", fill: "#ec4899", launch: "#06b6d4", wait: "#cbd5e1", update: "#14b8a6",
-  h2d: "#f59e0b", compute: "#16a34a", d2h: "#a855f7",
+  h2d: "#f59e0b", compute: "#16a34a", d2h: "#a855f7", allreduce: "#14532d",
   sync: "#ea580c", async: "#2563eb",
 };
 // Idle gaps are coloured by what the host was doing meanwhile: a host phase keeps that phase's colour.
@@ -25,6 +25,30 @@ export const LANES = [{ key: "mode", label: "mode" }]
   .concat(GPU.map(k => ({ key: k, group: "gpu", label: "GPU · " + (k === "compute" ? "compute" : k.toUpperCase()) })))
   .concat([{ key: "idle", label: "GPU idle" }]);
 export const LANE_Y = Object.fromEntries(LANES.map((l, i) => [l.key, i]));
+// A tensor-parallel engine's other ranks: their GPU lanes below rank 0's idle lane, keyed "r<rank>:<phase>".
+// With no other rank the Gantt has exactly LANES.
+const BASE_LANES = { lanes: LANES, y: LANE_Y, groups: [] };
+export const rankLaneKey = (rank, phase) => "r" + rank + ":" + phase;
+
+// "GPU1 · compute" on a CUDA rank (its device's index: the name NVML and nvidia-smi use), "rank 1 · compute"
+// where there is no GPU.
+export function rankLaneLabel(r, phase) {
+  const m = /^cuda:(\d+)$/.exec(r.device || "");
+  const name = r.host || !m ? "rank " + r.rank : "GPU" + m[1];
+  return name + " · " + (phase === "compute" ? "compute" : phase.toUpperCase());
+}
+
+// The lanes for the ranks of tensorParallel(d): {lanes, y (key -> row), groups: [{rank, device, first}]}.
+export function ganttLanes(tp) {
+  if (!tp || !tp.ranks.length) return BASE_LANES;
+  const lanes = LANES.slice();
+  const groups = [{ rank: 0, device: tp.rank0Device, first: LANE_Y.h2d }];
+  for (const r of tp.ranks) {
+    groups.push({ rank: r.rank, device: r.device, first: lanes.length });
+    for (const k of r.phases) lanes.push({ key: rankLaneKey(r.rank, k), rank: r.rank, phase: k, label: rankLaneLabel(r, k) });
+  }
+  return { lanes, y: Object.fromEntries(lanes.map((l, i) => [l.key, i])), groups };
+}
 const FONT = { family: "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", size: 11, color: "#334155" };
 export const GRID = "#eef1f5";
 const PLOT_CONFIG = {

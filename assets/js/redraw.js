@@ -1,10 +1,10 @@
 /* When to draw a picture, and drawing it in slices so that the page never stalls.
  *
  * A picture is the Gantt and the six charts for one snapshot: the data and the window [lo, hi]. Plotly needs
- * about 10 ms a chart on a small machine, so a picture is drawn as a queue of tasks (the Gantt's ink, the
- * Gantt, the charts' shared numbers, then one task per chart), each in its own turn of the event loop: input,
- * Pause and painting get in between. All tasks of a picture draw the same snapshot, so the charts always
- * agree on the window.
+ * about 10 ms a chart on a small machine, so a picture is drawn as a queue of tasks (the Gantt's ink, the other
+ * tensor-parallel ranks' ink if any, the Gantt, the charts' shared numbers, then one task per chart), each in its
+ * own turn of the event loop: input, Pause and painting get in between. All tasks of a picture draw the same
+ * snapshot, so the charts always agree on the window.
  *
  * Pictures come when asked (state.dirty: a click, a zoom, a replay) and, when following live, at a pace set by
  * their cost: with new steps every max(MIN_PERIOD_MS, cost / CPU_SHARE), and with none (an idle engine) every
@@ -13,8 +13,8 @@
  * are skipped and drawn when they come back; a chart of per-step values whose steps have not changed only has
  * its axis moved. */
 import { CHARTS, chartContext, drawChart } from "./charts.js";
-import { currentData, currentRange, onDirty, state, stepsIn } from "./feed.js";
-import { prepareGantt, showGantt } from "./gantt.js";
+import { currentData, currentRange, onDirty, state, stepsIn, tensorParallel } from "./feed.js";
+import { prepareGantt, prepareRanks, showGantt } from "./gantt.js";
 import { moveRange, textScale } from "./plot.js";
 import { $ } from "./util.js";
 
@@ -128,7 +128,9 @@ function plan() {
   // (live data keeps arriving while a picture is drawn: `total` is the count the picture was planned with)
   const snap = { d, lo, hi, data: id, key: `${id}|${state.gen}|${lo}|${hi}|${textScale()}`, stepGen: state.stepGen,
                  total: d.steps.length, switches: d.mode_changes.length, nvml: d.nvml.length, gantt: null, ctx: null };
-  const queue = full ? ["gantt-ink", "bs-gantt", "charts"] : ["charts"];
+  // (the other tensor-parallel ranks' ink is a task of its own: as much work again per rank)
+  const ranks = full && tensorParallel(d).ranks.length > 0;
+  const queue = full ? ["gantt-ink"].concat(ranks ? ["gantt-ranks"] : [], ["bs-gantt", "charts"]) : ["charts"];
   for (const c of full ? CHARTS : [...stale]) {
     if (visible.has(c)) queue.push(c);
     else stale.add(c);                     // drawn when it scrolls into sight
@@ -166,6 +168,7 @@ function runOne(task, snap) {
     if (!unchanged("bs-gantt", snap)) snap.gantt = prepareGantt(snap.d, stepsIn(snap.d.steps, snap.lo, snap.hi), snap.lo, snap.hi);
     return;
   }
+  if (task === "gantt-ranks") { prepareRanks(snap.gantt); return; }
   if (task === "charts") {
     if (job.queue.some(c => !unchanged(c, snap))) snap.ctx = chartContext(snap.d, snap.lo, snap.hi).prepare();
     return;

@@ -10,7 +10,7 @@
  * address opens the page in it. */
 import { api, withToken } from "./api.js";
 import { showReplay } from "./controls.js";
-import { state } from "./feed.js";
+import { headSample, state } from "./feed.js";
 import { requestMode, setConn, showServerCpu, showView } from "./header.js";
 import { updateBoard } from "./scoreboard.js";
 import { $, note, setText } from "./util.js";
@@ -125,7 +125,12 @@ function tick() {
       showView();
       if (!state.live) setConn("replay");
       const nv = state.store.nvml;
-      if (state.live && nv.length) showServerCpu(nv[nv.length - 1]);
+      if (state.live && nv.length) {
+        // rank 0's sample (a multi-GPU tick brings one per GPU; only rank 0's carries the CPU fields)
+        let i = nv.length - 1;
+        while (i > 0 && i > nv.length - 64 && !headSample(nv[i])) i--;
+        showServerCpu(nv[i]);
+      }
       if (!document.hidden) updateBoard();
       checkLoading();
     }
