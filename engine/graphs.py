@@ -24,8 +24,21 @@ class GraphCaptureError(RuntimeError):
 # Capture-safe expert dispatch for MoE decoders built on transformers' experts interface: one batched GEMM over
 # the gathered weights of each (token, expert) pair, no host sync and no data-dependent shape. The default,
 # grouped_mm, is used wherever it is capture-safe itself (bf16 on Hopper); in float32 it falls back to a loop
-# over the host-side group offsets (a device-to-host copy), which ends any capture.
+# over the host-side group offsets (a device-to-host copy), which ends any capture. In bf16/fp16 the decode
+# graphs first try batchscope's fused expert GEMMs (moe_triton.py), which read each touched expert once.
 GRAPH_SAFE_EXPERTS = "batched_mm"
+
+
+def fused_experts_fit(model: torch.nn.Module) -> bool:
+    """Whether the decode graphs may use moe_triton's fused experts: CUDA, bf16/fp16, Triton, and every experts
+    module in the layout the fused forward reproduces."""
+    from . import moe_triton
+
+    experts = [m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "is_concatenated")]
+    dtype = next(model.parameters()).dtype
+    return (bool(experts) and moe_triton.available() and dtype in (torch.bfloat16, torch.float16)
+            and all(m.gate_up_proj.is_cuda and moe_triton.supports(m) for m in experts if hasattr(m, "gate_up_proj"))
+            and all(hasattr(m, "gate_up_proj") for m in experts) and moe_triton.register())
 
 
 def experts_configs(model: torch.nn.Module) -> list:
@@ -110,8 +123,11 @@ class DecodeGraphs:
     def _warm_up_capturable(self, batch: Batch, other: torch.Tensor) -> None:
         """One eager decode forward that must not synchronise with the host. An MoE whose expert dispatch
         syncs gets the capture-safe one for its graphs (eager steps keep the model's own)."""
+        from .moe_triton import NAME as FUSED
         tries = [self.graph_experts]
         if self.experts and self.graph_experts is None:
+            if fused_experts_fit(self.model):
+                tries.insert(0, FUSED)
             tries.append(GRAPH_SAFE_EXPERTS)
         for impl in tries:
             try:
@@ -121,7 +137,8 @@ class DecodeGraphs:
                 return
             except Exception as exc:        # whatever it is, the step runs eagerly rather than crash start-up
                 cause = exc
-                if "synchroniz" not in str(exc):
+                # the fused experts are only the faster choice: any failure moves on; the others only on a sync
+                if impl != FUSED and "synchroniz" not in str(exc):
                     break
         first = str(cause).splitlines()[0] if str(cause) else ""
         if "synchroniz" in str(cause):
