@@ -121,13 +121,13 @@ def expert_gemm(a: torch.Tensor, weight: torch.Tensor, pairs: torch.Tensor, bloc
 
 def supports(experts: torch.nn.Module) -> bool:
     """Experts whose layout and math the fused forward reproduces: [gate; up] concatenated, not transposed, no
-    bias, no post-expert norm, not expert-parallel, weights contiguous in the last dim."""
+    bias, no post-expert norm, not expert-parallel, weights contiguous in the last dim. (A flag older
+    transformers versions do not set is a feature they do not have.)"""
     gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
     return (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == 3
             and getattr(experts, "has_gate", False) and getattr(experts, "is_concatenated", False)
-            and not getattr(experts, "is_transposed", True) and not getattr(experts, "has_bias", True)
-            and not getattr(experts, "has_post_expert_norm", True)
-            and not getattr(experts, "_is_expert_parallel", True)
+            and not any(getattr(experts, flag, False) for flag in ("is_transposed", "has_bias",
+                                                                   "has_post_expert_norm", "_is_expert_parallel"))
             and gate_up.stride(-1) == 1 and down.stride(-1) == 1)
 
 

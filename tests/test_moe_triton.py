@@ -103,10 +103,17 @@ def test_fused_forward_matches_the_experts_forward_on_cuda(dtype):
     x = (torch.randn(32, 2048, generator=torch.Generator().manual_seed(2)) * 0.5).to(dtype).cuda()
     weights = weights.to(dtype)
     got = moe_triton.fused_experts_forward(experts, x, index, weights)
-    want = experts.reference(x.float(), index, weights.float()) if dtype == torch.bfloat16 else \
-        experts.reference(x, index, weights)
-    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(got.float(), want.float(), **tol)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, experts.reference(x, index, weights), rtol=1e-4, atol=1e-4)
+        return
+    # bf16: against transformers' own grouped_mm experts, within the rounding of bf16 intermediates
+    from transformers.integrations.moe import grouped_mm_experts_forward
+    experts.num_experts = 128
+    want = grouped_mm_experts_forward(experts, x, index, weights).float()
+    scale = want.abs().max().item()
+    assert (got.float() - want).abs().max().item() <= 0.02 * scale
+    exact = experts.reference(x.float(), index, weights.float())
+    assert (got.float() - exact).abs().mean().item() <= 1.5 * (want - exact).abs().mean().item() + 1e-6
 
 
 @gpu
