@@ -141,10 +141,27 @@ def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.
     x = hidden_states.contiguous()
     pairs, block_expert = align(top_k_index, self.gate_up_proj.shape[0])
     gate_up = expert_gemm(x, self.gate_up_proj, pairs, block_expert, n_pairs, top_k)
-    act = self._apply_gate(gate_up)
+    act = _gate(self, gate_up)
     out = expert_gemm(act.contiguous(), self.down_proj, pairs, block_expert, n_pairs, 1,
                       route=top_k_weights.reshape(-1).contiguous())
     return out.view(tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
+
+
+def _gate(experts, gate_up: torch.Tensor) -> torch.Tensor:
+    """The experts' own gate; SiLU(gate) * up as one kernel where that is what it computes."""
+    from .fused import silu_mul
+    from .projections import _is_silu
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:         # another transformers: its gate, unfused
+        return experts._apply_gate(gate_up)
+
+    if getattr(type(experts)._apply_gate, "__code__", None) is _default_apply_gate.__code__ \
+            and _is_silu(getattr(experts, "act_fn", None)):
+        out = silu_mul(gate_up, gate_up.shape[-1] // 2)
+        if out is not None:
+            return out
+    return experts._apply_gate(gate_up)
 
 
 def register() -> bool:

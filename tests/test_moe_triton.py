@@ -73,7 +73,7 @@ class _Experts(torch.nn.Module):
         for t in range(x.shape[0]):
             for j in range(index.shape[1]):
                 e = int(index[t, j])
-                h = self._apply_gate(x[t] @ self.gate_up_proj[e].T) @ self.down_proj[e].T
+                h = self._apply_gate(x[t] @ self.gate_up_proj[e].to(x.dtype).T) @ self.down_proj[e].to(x.dtype).T
                 out[t] += (h * weights[t, j]).to(x.dtype)
         return out
 
