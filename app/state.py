@@ -20,14 +20,13 @@ from batchscope.telemetry.session import engine_counters
 
 from .bursts import BurstManager
 from .errors import BusyError, NoEngineError, NotFoundError, ShuttingDownError
+from .prompts import chat_ids, prompt_ids, sampling_params
 from .replay import MAX_JSON_DEPTH, MAX_REPLAY_BYTES, accept_timeline, read_timeline_file
 from .schemas import (ABStatus, BurstList, BurstSpec, BurstStatus, Health, Limits, LoadSpec, LoadStatus, Mode,
                       ModeChanged, ModeLock, RecordingCaps, RecordingInfo, Recordings, RecordingStarted,
                       RecordingStopped, ReplayLoaded, Status)
 
-DEFAULT_NEW_TOKENS = 128           # when a caller does not say (capped by the limit)
 RECORDING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-CHARS_PER_TOKEN_LIMIT = 32         # no token is shorter than a character; this leaves room for any tokenizer
 
 
 class AppState:
@@ -161,64 +160,17 @@ class AppState:
 
     # ------------------------------------------------------------------------------------------- generating
     def encode(self, prompt: str | list[int], chat: bool | None = False) -> list[int]:
-        """Token ids of a prompt, within the server's prompt limit (the engine checks the ids when they are
-        submitted). chat=True wraps it as one user message through the chat template; chat=None does so for
-        text when the model has a template (an instruct model given raw text often ends its answer at once),
-        and never for token ids."""
-        eng = self._need_engine()
-        if prompt == "":                # said here: the chat template would wrap it into a non-empty prompt
-            raise ValueError("prompt is empty")
-        if chat is None:
-            chat = isinstance(prompt, str) and bool(getattr(eng.tokenizer, "chat_template", None))
-        if chat:
-            if not isinstance(prompt, str):
-                raise ValueError("a chat prompt must be text")
-            return self.encode_messages([{"role": "user", "content": prompt}])
-        if isinstance(prompt, str):
-            self._check_chars(prompt)
-            return self._check_length(eng.tokenizer.encode(prompt, add_special_tokens=False))
-        return self._check_length(list(prompt))
+        """Token ids of a prompt within the server's limits (prompts.py says how chat and text are told apart)."""
+        return prompt_ids(self._need_engine().tokenizer, prompt, self.limits, chat, self.model_name)
 
     def encode_messages(self, messages: list[dict]) -> list[int]:
-        """Token ids of a chat (a non-empty list of {role, content} strings) through the model's chat template."""
-        eng = self._need_engine()
-        for m in messages:
-            self._check_chars(m["content"])
-        if not getattr(eng.tokenizer, "chat_template", None):
-            raise ValueError(f"the model {self.model_name!r} has no chat template: use /v1/completions")
-        try:
-            text = eng.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as e:          # template errors are about the messages (e.g. roles out of order)
-            raise ValueError(f"chat template rejected the messages: {e}") from None
-        return self._check_length(eng.tokenizer.encode(text, add_special_tokens=False))
-
-    def _check_chars(self, text: str) -> None:
-        # refuse absurd inputs before paying for their tokenization
-        limit = self.limits.max_prompt_tokens * CHARS_PER_TOKEN_LIMIT
-        if len(text) > limit:
-            raise ValueError(f"prompt has {len(text)} characters, over the limit of {limit}")
-
-    def _check_length(self, ids: list[int]) -> list[int]:
-        if len(ids) > self.limits.max_prompt_tokens:
-            raise ValueError(f"prompt has {len(ids)} tokens, over the limit of {self.limits.max_prompt_tokens}")
-        return ids
+        return chat_ids(self._need_engine().tokenizer, messages, self.limits, self.model_name)
 
     def sampling(self, prompt_len: int, max_new_tokens: int | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, ignore_eos: bool = False,
                  stop=()) -> SamplingParams:
-        """SamplingParams checked against the limits and the model's context length."""
-        eng = self._need_engine()
-        if max_new_tokens is None:
-            max_new_tokens = min(DEFAULT_NEW_TOKENS, self.limits.max_new_tokens)
-        if isinstance(max_new_tokens, int) and max_new_tokens > self.limits.max_new_tokens:
-            raise ValueError(f"max_new_tokens {max_new_tokens} is over the limit of {self.limits.max_new_tokens}")
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                seed=seed, ignore_eos=ignore_eos, stop=tuple(stop or ())).validate()
-        max_len = eng.info.get("max_model_len")
-        if max_len and prompt_len + params.max_new_tokens > max_len:
-            raise ValueError(f"prompt ({prompt_len} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds "
-                             f"the model's context of {max_len} tokens")
-        return params
+        return sampling_params(self.limits, self._need_engine().info.get("max_model_len"), prompt_len,
+                               max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, stop)
 
     @property
     def max_inflight(self) -> int:
