@@ -34,7 +34,7 @@ import torch
 from batchscope.engine import EngineConfig
 from batchscope.engine.config import DTYPES, MODES
 
-from .bench_floor import decode_floor, measure_bandwidth
+from .bench_floor import decode_floor, measure_bandwidth, measure_gemm_peak, roofline_floor, weight_classes
 from .bench_systems import METRICS, TF_VARIANTS, BatchscopeRunner, TransformersRunner, nvml_window
 
 BENCH_SCHEMA = "batchscope.bench/1"
@@ -150,6 +150,13 @@ def run_benchmark(args) -> dict:
             raise ValueError(f"prompt + new tokens ({per_request}) exceed the model's {info['max_model_len']}")
         prompts = make_prompts(args.requests, args.prompt_tokens, info["vocab_size"], args.seed)
         floor = decode_floor(info, args.requests, args.prompt_tokens, args.new_tokens, bandwidth["gbps"])
+        _say(f"measuring the GEMM peak on {device}")
+        gemm = measure_gemm_peak(device, bs.engine.model.dtype)
+        _say(f"GEMM peak {gemm['tflops']:.1f} TFLOP/s ({gemm['dtype']})")
+        topk = getattr(bs.engine.model.config, "num_experts_per_tok", None)
+        floor["roofline"] = roofline_floor(weight_classes(bs.engine.model, topk), info, args.requests,
+                                           args.prompt_tokens, args.new_tokens, bandwidth["gbps"], gemm["tflops"])
+        floor["gemm_peak"] = gemm
         labels = list(args.modes)
         skipped = {}
         if args.baseline == "transformers" and config.tensor_parallel_size > 1:
@@ -229,7 +236,8 @@ def _timed_run(args, bs: BatchscopeRunner, tf: TransformersRunner | None, rep: i
             m.update(nv)
         else:
             m.pop("decode_window")
-    m.update(label=label, repeat=rep, floor_ms_per_step=floor["ms_per_step"])
+    m.update(label=label, repeat=rep, floor_ms_per_step=floor["ms_per_step"],
+             roofline_ms_per_step=floor["roofline"]["ms_per_step"])
     if timeline is not None:
         m["timeline"] = str(_write_json(_timeline_path(args.out, name), timeline))
     return m
@@ -255,9 +263,10 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
                             for i, r in enumerate(mine[0]["ranks"])]
         results[label] = med
     for m in list(runs) + list(results.values()):
-        ms, fl = m.get("decode_ms_per_step"), m.get("floor_ms_per_step")
+        ms, fl, roof = m.get("decode_ms_per_step"), m.get("floor_ms_per_step"), m.get("roofline_ms_per_step")
         # % of floor: the share of the bandwidth limit reached (100 = a step as fast as streaming its bytes once)
         m["floor_pct"] = round(100.0 * fl / ms, 2) if ms and fl else None
+        m["x_roofline"] = round(ms / roof, 3) if ms and roof else None
     slowest = max(results, key=lambda k: results[k]["wall_s"])
     for label, med in results.items():
         med["speedup"] = results[slowest]["wall_s"] / med["wall_s"] if med["wall_s"] else None
@@ -287,6 +296,8 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
         "notes": {
             "wall_s": "first request's arrival to last request's finish, inside each engine",
             "floor_pct": "floor_ms_per_step / decode_ms_per_step x 100 (100 = at the memory-bandwidth limit)",
+            "roofline_ms_per_step": "per op class the larger of bytes / copy bandwidth and FLOPs / GEMM peak, "
+                                    "summed, plus the KV read and the all-reduces (floor.roofline has the parts)",
             "gpu_busy_pct": "union of the decode steps' compute spans (CUDA events; host launch spans on CPU) "
                             "over the decode window; none for transformers, whose loop records no events",
             "nvml_util_pct": "NVML utilization: the share of a 1/6-1 s window in which any kernel ran; it cannot "
@@ -319,7 +330,8 @@ def _transformers_version() -> str | None:
 
 COLUMNS = (("run", None, "s"), ("wall s", "wall_s", ".2f"), ("out tok/s", "tokens_per_s", ".1f"),
            ("ms/step", "decode_ms_per_step", ".2f"), ("floor ms", "floor_ms_per_step", ".2f"),
-           ("% of floor", "floor_pct", ".1f"), ("GPU busy %", "gpu_busy_pct", ".1f"),
+           ("% of floor", "floor_pct", ".1f"), ("roofline ms", "roofline_ms_per_step", ".2f"),
+           ("x roofline", "x_roofline", ".2f"), ("GPU busy %", "gpu_busy_pct", ".1f"),
            ("NVML util %", "nvml_util_pct", ".1f"), ("speedup", "speedup", ".2f"))
 
 

@@ -72,3 +72,86 @@ def allreduce_ms_per_step(info: dict, rows: int) -> float | None:
     sizes = sorted(int(k) for k in measured)
     size = next((n for n in sizes if n >= rows), sizes[-1])
     return round(per_step * measured[str(size)] / 1e3, 4)
+
+
+def measure_gemm_peak(device: torch.device, dtype: torch.dtype, trials: int = 5) -> dict:
+    """Dense GEMM throughput in TFLOP/s (1e12 FLOP/s) at a large square size, the compute roof a step's GEMMs
+    meet once they have enough rows. CUDA: 8192^3 in `dtype`, timed with CUDA events; CPU: 1024^3, host clock."""
+    cuda = device.type == "cuda"
+    n = 8192 if cuda else 1024
+    iters = 10 if cuda else 2
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(2):
+        a @ b
+    times_ms = []
+    for _ in range(trials):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                a @ b
+            end.record()
+            end.synchronize()
+            times_ms.append(start.elapsed_time(end) / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                a @ b
+            times_ms.append((time.perf_counter() - t0) * 1e3 / iters)
+    ms = statistics.median(times_ms)
+    del a, b
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"tflops": round(2 * n ** 3 / (ms * 1e-3) / 1e12, 2), "size": n, "dtype": str(dtype).replace("torch.", ""),
+            "ms_per_gemm": round(ms, 4), "method": "cuda events" if cuda else "host clock"}
+
+
+def weight_classes(model: torch.nn.Module, experts_per_token: int | None = None) -> dict:
+    """Per op class, (bytes a decode step reads, multiply-accumulates per row): dense linears (each row multiplies
+    every weight), experts (a row multiplies only its top-k experts' weights) and the lm_head. The embedding table
+    is a lookup (no weights read whole, no FLOPs)."""
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    out = {"linear": [0, 0], "experts": [0, 0], "lm_head": [0, 0]}
+    seen = {id(embed)}
+    for module in model.modules():
+        if module is head:
+            continue
+        gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+        if isinstance(gate_up, torch.Tensor) and gate_up.dim() == 3 and isinstance(down, torch.Tensor):
+            e = gate_up.shape[0]
+            params = gate_up.numel() + down.numel()
+            out["experts"][0] += params * gate_up.element_size()
+            out["experts"][1] += params // e * (experts_per_token or e)
+            seen.update({id(gate_up), id(down)})
+        elif isinstance(module, torch.nn.Linear) and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            out["linear"][0] += module.weight.numel() * module.weight.element_size()
+            out["linear"][1] += module.weight.numel()
+    w = head.weight
+    out["lm_head"] = [w.numel() * w.element_size(), w.numel()]
+    return {k: {"bytes": b, "macs_per_row": m} for k, (b, m) in out.items()}
+
+
+def roofline_floor(classes: dict, info: dict, requests: int, prompt_tokens: int, new_tokens: int, gbps: float,
+                   tflops: float) -> dict:
+    """The roofline floor of a decode step: per op class, the larger of its bytes over the copy bandwidth and its
+    FLOPs (2 per multiply-accumulate, for every request's row) over the GEMM peak; summed, plus the KV read
+    (attention at decode is a memory-bound read of every request's context) and the all-reduces (tensor
+    parallel). The bandwidth floor is the same sum with every class memory-bound."""
+    if new_tokens < 2 or not gbps or not tflops:
+        return {"ms_per_step": None, "classes": None}
+    context = requests * (prompt_tokens + new_tokens / 2)
+    parts = {}
+    for name, c in classes.items():
+        mem_ms = c["bytes"] / (gbps * 1e9) * 1e3
+        flop_ms = 2 * c["macs_per_row"] * requests / (tflops * 1e12) * 1e3
+        parts[name] = {"memory_ms": round(mem_ms, 4), "compute_ms": round(flop_ms, 4),
+                       "bound": "compute" if flop_ms > mem_ms else "memory"}
+    kv_ms = info["kv_bytes_per_token"] * context / (gbps * 1e9) * 1e3
+    parts["kv"] = {"memory_ms": round(kv_ms, 4), "compute_ms": None, "bound": "memory"}
+    allreduce = allreduce_ms_per_step(info, requests) or 0.0
+    total = sum(max(p["memory_ms"], p["compute_ms"] or 0.0) for p in parts.values()) + allreduce
+    return {"ms_per_step": round(total, 4), "classes": parts, "allreduce_ms": allreduce or None,
+            "gemm_tflops": tflops}

@@ -21,6 +21,7 @@ from batchscope.engine import Engine, EngineConfig, SamplingParams, StepTrace
 TF_VARIANTS = {"transformers-sync": False, "transformers-async": True}   # label -> use_async_batching
 # per-run metrics; a run that could not measure one reports None (e.g. busy % without telemetry)
 METRICS = ("wall_s", "output_tokens", "tokens_per_s", "decode_ms_per_step", "floor_ms_per_step", "floor_pct",
+           "roofline_ms_per_step", "x_roofline",
            "gpu_busy_pct", "nvml_util_pct", "speedup")
 
 

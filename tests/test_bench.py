@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from batchscope.app import bench
 from batchscope.telemetry import validate_timeline
@@ -35,11 +36,14 @@ def test_every_run_reports_every_metric(cpu_bench, capsys):
     assert result["bandwidth"]["gbps"] > 0
     assert result["transformers_config"]["same_weights"] is True
     assert result["floor"]["ms_per_step"] > 0
+    assert result["floor"]["gemm_peak"]["tflops"] > 0
+    assert result["floor"]["roofline"]["ms_per_step"] >= result["floor"]["ms_per_step"] * 0.999
     for run in result["runs"]:
         for key in bench.METRICS:
             assert key in run, (run["label"], key)
         # measurable on CPU; NVML utilization is not (the key is there, the value is None)
-        for key in ("wall_s", "tokens_per_s", "decode_ms_per_step", "floor_ms_per_step", "floor_pct", "speedup"):
+        for key in ("wall_s", "tokens_per_s", "decode_ms_per_step", "floor_ms_per_step", "floor_pct", "speedup",
+                    "roofline_ms_per_step", "x_roofline"):
             assert run[key] is not None and run[key] > 0, (run["label"], key, run[key])
         assert run["output_tokens"] == REQUESTS * NEW
         assert run["lengths_ok"] is True
@@ -128,6 +132,43 @@ def test_floor_uses_the_exact_mean_context_of_the_decode():
     assert floor["bytes_per_step"] == int(mean_bytes)
     assert floor["ms_per_step"] == pytest.approx(mean_bytes / 2e9 * 1e3, abs=1e-4)
     assert bench.decode_floor(info, requests, prompt, 1, gbps=2.0)["ms_per_step"] is None   # no decode step
+
+
+def test_roofline_takes_the_larger_of_memory_and_compute_per_class():
+    """8 GB of dense weights at 256 rows on a 4 TB/s, 800 TFLOP/s device: compute-bound (5.24 ms > 2 ms); the lm_head
+    and the KV stay memory-bound; at 32 rows everything is memory-bound and the roofline equals the bandwidth floor."""
+    from batchscope.app.bench_floor import roofline_floor
+
+    classes = {"linear": {"bytes": 8e9, "macs_per_row": 4e9},      # 4e9 bf16 weights, one MAC each per row
+               "experts": {"bytes": 0, "macs_per_row": 0},
+               "lm_head": {"bytes": 1e9, "macs_per_row": 0.25e9}}   # float32: 4 bytes a weight
+    info = {"kv_bytes_per_token": 1000}
+    r = roofline_floor(classes, info, 256, 100, 2, gbps=4000.0, tflops=800.0)
+    lin = r["classes"]["linear"]
+    assert lin["memory_ms"] == pytest.approx(2.0) and lin["compute_ms"] == pytest.approx(2 * 4e9 * 256 / 800e12 * 1e3)
+    assert lin["bound"] == "compute" and r["classes"]["lm_head"]["bound"] == "memory"
+    kv = 1000 * 256 * 101 / 4000e9 * 1e3
+    assert r["ms_per_step"] == pytest.approx(lin["compute_ms"] + 0.25 + kv, abs=1e-3)
+    small = roofline_floor(classes, info, 32, 100, 2, gbps=4000.0, tflops=800.0)
+    assert all(p["bound"] == "memory" for p in small["classes"].values())
+    floor = bench.decode_floor({"weight_bytes": 9e9, "kv_bytes_per_token": 1000}, 32, 100, 2, gbps=4000.0)
+    assert small["ms_per_step"] == pytest.approx(floor["ms_per_step"], abs=1e-3)
+
+
+def test_weight_classes_count_linears_experts_and_head(tmp_path):
+    from batchscope.app.bench_floor import weight_classes
+    from test_model_matrix import build_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    moe = AutoModelForCausalLM.from_pretrained(build_checkpoint("qwen3_moe", tmp_path / "m"))
+    c = weight_classes(moe, experts_per_token=2)
+    experts = [m for m in moe.modules() if hasattr(m, "gate_up_proj") and m.gate_up_proj.dim() == 3]
+    per_expert = sum((m.gate_up_proj.numel() + m.down_proj.numel()) // m.gate_up_proj.shape[0] for m in experts)
+    assert c["experts"]["macs_per_row"] == 2 * per_expert                     # top-2 of 8: a row meets two experts
+    assert c["experts"]["bytes"] == 4 * 8 * per_expert                        # float32, all experts stored
+    assert c["lm_head"]["macs_per_row"] == moe.lm_head.weight.numel()
+    linears = [m for m in moe.modules() if isinstance(m, torch.nn.Linear) and m is not moe.lm_head]
+    assert c["linear"]["macs_per_row"] == sum(m.weight.numel() for m in linears)
 
 
 def test_bad_workload_is_refused_plainly(tmp_path, capsys):
