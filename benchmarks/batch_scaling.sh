@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Batch scaling of the decode step: llama3-8b-random, 256-token prompts, 512 new tokens, sync and async, at 1, 8,
+# 32, 64, 128 and 256 requests; both floors (bandwidth and roofline) and busy % per mode. One process per size.
+#   OUT=out bash benchmarks/batch_scaling.sh [sizes...]
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+for n in ${*:-1 8 32 64 128 256}; do
+  python3 -m batchscope.app.bench --model llama3-8b-random --device cuda --requests "$n" --prompt-tokens 256 \
+    --new-tokens 512 --modes sync,async --out "$OUT/scale_$n.json" --no-progress 2>&1 | tail -4
+  rm -f "$OUT"/scale_"$n".*.timeline.json
+done
+python3 - "$OUT" <<'PY'
+import json, sys, pathlib
+rows = []
+for f in sorted(pathlib.Path(sys.argv[1]).glob("scale_*.json"), key=lambda p: int(p.stem.split("_")[1])):
+    d = json.loads(f.read_text())
+    r = d["results"]
+    rows.append((d["workload"]["requests"], d["floor"]["ms_per_step"], d["floor"]["roofline"]["ms_per_step"],
+                 r["sync"]["decode_ms_per_step"], r["async"]["decode_ms_per_step"], r["sync"]["gpu_busy_pct"],
+                 r["async"]["gpu_busy_pct"], d["floor"]["gemm_peak"]["tflops"]))
+print("requests floor roofline sync_ms async_ms sync_busy async_busy tflops")
+for row in rows:
+    print(*row)
+PY
