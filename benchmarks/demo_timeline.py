@@ -2,6 +2,7 @@
 
 The file it writes opens with `batchscope replay FILE`, which is how the README's GPU screenshot is made.
     python3 benchmarks/demo_timeline.py --out demo.timeline.json
+    python3 benchmarks/demo_timeline.py --model llama3-405b-random -tp 8 --phase-s 20 --out demo_405b.timeline.json
 """
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--phase-s", type=float, default=1.5, help="seconds in each mode")
+    ap.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     ap.add_argument("--out", default="demo.timeline.json")
     args = ap.parse_args()
 
     engine = Engine(EngineConfig(model=args.model, device=args.device, mode="async", max_running=32,
-                                 max_batch_tokens=2048, num_blocks=8192 if args.device != "cpu" else 512))
+                                 max_batch_tokens=2048, num_blocks=8192 if args.device != "cpu" else 512,
+                                 tensor_parallel_size=args.tensor_parallel_size))
     tel = Telemetry(engine)
     rng = random.Random(0)
     vocab = engine.info["vocab_size"]
@@ -60,4 +63,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from batchscope.engine.peers import leave
     main()
+    leave(0)

@@ -3,7 +3,7 @@
 # timings, and the engine benchmark against transformers. Logs and JSON land in $OUT (default ./out).
 # Usage: benchmarks/gpu_checks.sh [overlap|tests|kernels|tuning|fused|profile|demo|bench-a|bench-a-engine|
 #                                  bench-b|bench-c|determinism|moe|soak|telemetry|telemetry-sync|
-#                                  tp-tests|tp-bench|tp-transformers|all]...
+#                                  tp-tests|tp-bench|tp-transformers|tp-scale4|tp-scale8|all]...
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -80,6 +80,20 @@ if has tp-bench; then   # Llama-3-70B shapes over two GPUs, sync against async; 
       --new-tokens 512 --modes sync,async --out "$OUT/bench_tp_${1%%-random}_tp$2.json" --no-progress \
       2>&1 | tee "$OUT/bench_tp_${1%%-random}_tp$2.log"
   done
+fi
+if has tp-scale4 || has tp-scale8; then   # 4 and 8 GPUs: Llama-3-70B shapes at 32 and 128 requests, then 405B
+  for tp in 4 8; do
+    has tp-scale$tp || continue
+    for n in 32 128; do
+      python3 -m batchscope.app.bench --model llama3-70b-random -tp $tp --device cuda --requests $n \
+        --prompt-tokens 256 --new-tokens 512 --modes sync,async --out "$OUT/bench_tp_llama3-70b_tp${tp}_r$n.json" \
+        --no-progress 2>&1 | tail -6 | tee -a "$OUT/tp_scale.log"
+    done
+  done
+  if has tp-scale8; then   # 405B shapes over 8 GPUs, async -> sync -> async switched live
+    python3 benchmarks/demo_timeline.py --model llama3-405b-random -tp 8 --phase-s 20 \
+      --out "$OUT/demo_405b_tp8.timeline.json" 2>&1 | tail -3 | tee -a "$OUT/tp_scale.log"
+  fi
 fi
 if has tp-transformers; then   # transformers' own tensor parallel (tp_plan="auto") with continuous batching
   torchrun --nproc-per-node 2 benchmarks/transformers_tp.py --model llama3-8b-random --out "$OUT/tf_tp_8b.json" \

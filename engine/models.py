@@ -18,10 +18,11 @@ from .support import (TOKENIZER_FILES, check_checkpoint_folder, check_support, f
                       static_support, unsupported)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PRESETS = ("smollm2-135m", "tiny-random", "llama3-8b-random", "qwen3-30b-a3b-random", "llama3-70b-random")
+PRESETS = ("smollm2-135m", "tiny-random", "llama3-8b-random", "qwen3-30b-a3b-random", "llama3-70b-random",
+           "llama3-405b-random")
 # Random presets that a tensor-parallel rank builds at its share's shapes directly (see load_model): the whole
 # model may not fit one device. The others are built whole and cut, like a checkpoint.
-SHARDED_PRESETS = ("llama3-8b-random", "qwen3-30b-a3b-random", "llama3-70b-random")
+SHARDED_PRESETS = ("llama3-8b-random", "qwen3-30b-a3b-random", "llama3-70b-random", "llama3-405b-random")
 
 
 @dataclass
@@ -134,6 +135,13 @@ def random_preset_config(name: str, vocab_size: int | None = None):
         return LlamaConfig(
             vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
             num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=16384,
+            rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
+            tie_word_embeddings=False)
+    if name == "llama3-405b-random":
+        # Llama-3.1-405B: 126 layers, 128 query / 8 KV heads of 128, about 810 GB in bf16 (tensor parallel 8)
+        return LlamaConfig(
+            vocab_size=128256, hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
+            num_attention_heads=128, num_key_value_heads=8, max_position_embeddings=16384,
             rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
             tie_word_embeddings=False)
     if name == "qwen3-30b-a3b-random":
