@@ -84,13 +84,14 @@ fi
 if has tp-scale4 || has tp-scale8; then   # 4 and 8 GPUs: Llama-3-70B shapes at 32 and 128 requests, then 405B
   for tp in 4 8; do
     has tp-scale$tp || continue
+    [ "$(nvidia-smi -L | wc -l)" -ge $tp ] || { echo "tp-scale$tp: fewer than $tp GPUs here" | tee -a "$OUT/tp_scale.log"; continue; }
     for n in 32 128; do
       python3 -m batchscope.app.bench --model llama3-70b-random -tp $tp --device cuda --requests $n \
         --prompt-tokens 256 --new-tokens 512 --modes sync,async --out "$OUT/bench_tp_llama3-70b_tp${tp}_r$n.json" \
         --no-progress 2>&1 | tail -6 | tee -a "$OUT/tp_scale.log"
     done
   done
-  if has tp-scale8; then   # 405B shapes over 8 GPUs, async -> sync -> async switched live
+  if has tp-scale8 && [ "$(nvidia-smi -L | wc -l)" -ge 8 ]; then   # 405B shapes over 8 GPUs, async -> sync -> async switched live
     python3 benchmarks/demo_timeline.py --model llama3-405b-random -tp 8 --phase-s 20 \
       --out "$OUT/demo_405b_tp8.timeline.json" 2>&1 | tail -3 | tee -a "$OUT/tp_scale.log"
   fi
