@@ -3,8 +3,11 @@
 Producers (the engine thread, the sampler thread) only `publish`: one deque append, never a lock held on a
 subscriber, never a wait. A flusher thread wakes ~20 times a second, drains what was published, builds one frame
 (a short list of messages: "mode", "steps", "rank_steps", "requests", "nvml", every few frames "stats"), encodes its JSON once
-and offers it to every subscriber. A subscriber whose queue is full loses its oldest frame; its next `get` starts
-with a {"type": "dropped"} notice saying how many frames it lost. So a stalled viewer costs the engine nothing.
+and offers it to every subscriber. An idle engine (no step, request or mode record for `idle_s`) makes one frame
+a second instead, the sampler's records of that second held back and gathered into it, with the stats: an idle
+page wakes twice a second for its feed, not 24 times. The first record of new work goes out at the next flush.
+A subscriber whose queue is full loses its oldest frame; its next `get` starts with a {"type": "dropped"} notice
+saying how many frames it lost. So a stalled viewer costs the engine nothing.
 Each queue is bounded in frames and in bytes, and the number of subscribers is capped (`TooManySubscribers`).
 """
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -19,6 +23,7 @@ from collections.abc import Callable
 MAX_SUBSCRIBERS = 64                    # live viewers at once; each costs a queue and a send per frame
 MAX_QUEUE_FRAMES = 256                  # per viewer: ~13 s of frames at 20 frames/s
 MAX_QUEUE_BYTES = 8 << 20               # per viewer: frames are shared, but a stalled viewer pins what it holds
+IDLE_S = 1.0                            # an engine quiet this long is idle: one frame per IDLE_S, not per flush
 
 
 class SubscriptionClosed(Exception):
@@ -152,8 +157,12 @@ class Subscription:
 class Hub:
     def __init__(self, stats: Callable[[], dict] | None = None, hz: float = 20.0, max_pending: int = 20_000,
                  stats_every: int = 5, start: bool = True, max_subscribers: int = MAX_SUBSCRIBERS,
-                 max_queue_bytes: int = MAX_QUEUE_BYTES):
+                 max_queue_bytes: int = MAX_QUEUE_BYTES, idle_s: float = IDLE_S):
         self.period = 1.0 / hz
+        self.idle_s = max(float(idle_s), self.period)
+        self._active_until = -float("inf")  # monotonic time until which frames go out at every flush
+        self._last_frame = -float("inf")    # when the last frame went out
+        self._held: list = []               # an idle engine's sampler records, kept for the next idle frame
         self.max_subscribers = max_subscribers
         self.max_queue_bytes = max_queue_bytes
         self.refused_subscribers = 0
@@ -227,9 +236,11 @@ class Hub:
 
     # ---- flusher thread ------------------------------------------------------------------------------------
     def flush(self) -> Frame | None:
-        """Drain what was published into one frame and offer it to every subscriber."""
+        """Drain what was published into one frame and offer it to every subscriber. While the engine is idle
+        (nothing but sampler records for `idle_s`), only one flush per `idle_s` makes a frame; the others keep
+        the samples for it and return None."""
         with self._flush_lock:
-            items = []
+            items, self._held = self._held, []
             pending = self._pending
             while pending:
                 items.append(pending.popleft())
@@ -238,8 +249,15 @@ class Hub:
                 subs = list(self._subs)
             if not subs:
                 return None
+            now = time.monotonic()
+            if any(kind != "nvml" for kind, _ in items):        # the engine did something: full rate
+                self._active_until = now + self.idle_s
+            active = now < self._active_until
+            if not active and now - self._last_frame < self.idle_s - self.period / 2:
+                self._held = items
+                return None
             messages = self._messages(items)
-            if self._stats is not None and self._flushes % self.stats_every == 0:
+            if self._stats is not None and (not active or self._flushes % self.stats_every == 0):
                 try:
                     messages.append({"type": "stats", **self._stats()})
                 except Exception as exc:
@@ -247,6 +265,7 @@ class Hub:
             if not messages:
                 return None
             frame = Frame(messages)
+            self._last_frame = now
             for sub in subs:
                 sub._offer(frame)
             return frame

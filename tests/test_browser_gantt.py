@@ -6,7 +6,8 @@ and the zoom / Pause / window interactions.
   solid idle and async's 4 µs gaps as blocks). Zoomed into a few milliseconds, every chart still shows a line.
 - A live server (tiny random model on the CPU), with two minutes of H200-rate steps fed through the page's own
   message handler and more streaming in at the websocket's pace: at the 2 min window no redraw task takes more
-  than 30 ms and frames keep coming; an idle tab with nothing running uses under 5% of a core.
+  than 30 ms and frames keep coming; an idle tab with nothing running uses under 5% of a core, all of its
+  renderer's threads together, and runs no animation loop.
 - Double-click goes back to the live view; the window buttons keep Pause; Pause freezes the picture at once.
 """
 from __future__ import annotations
@@ -40,11 +41,14 @@ MODE_LANE, IDLE_LANE = 0, 9
 
 # Limits. Times are CPU time of the page's main thread, from Chrome's trace: on a small shared machine other
 # processes stretch wall-clock times at random (seen: 90 ms wall for a task of 18 ms CPU), which would make
-# the test measure its neighbours. The wall-clock frame gap is checked too, with room for them.
+# the test measure its neighbours. The wall-clock frame gap is checked too, with room for them. The idle tab's
+# limit is CPU time too: that of its renderer processes, every thread, from the kernel (psutil).
 REDRAW_LIMIT_MS = 30              # at the 2 min window under load: any task on the page's thread, a redraw or not
 FRAME_GAP_LIMIT_MS = 50           # ... and all the work done between two frames
 FRAME_GAP_WALL_LIMIT_MS = 250     # ... and the longest time between two frames, wall clock (the old page: 0.3-1 s)
-IDLE_CPU_LIMIT = 0.05             # an idle tab: at most 5% of one core on the page's thread
+IDLE_CPU_LIMIT = 0.05             # an idle tab: at most 5% of one core, its renderer processes, all threads
+IDLE_WINDOW_S = 12                # ... measured over this long (CPU times tick in 10 ms: 0.1% of a core here)
+IDLE_ANIMATION_FRAMES_PER_S = 5   # ... and no animation loop (Gradio's lost tracker ran one at 60 a second)
 
 
 @pytest.fixture(scope="module")
@@ -396,44 +400,48 @@ def test_double_click_returns_to_the_live_view(live, browser):
         ctx.close()
 
 
-def renderer_cpu_seconds() -> float:
-    """CPU time of this test's Chromium renderer processes, all threads (compositor and workers too)."""
-    total = 0.0
+def renderer_cpu_seconds() -> dict[int, float]:
+    """CPU time (user + system) of each of this test's Chromium renderer processes, all threads (main thread,
+    compositor, raster and workers), by process id."""
+    out = {}
     for p in psutil.Process().children(recursive=True):
         try:
             if "--type=renderer" in " ".join(p.cmdline()):
                 t = p.cpu_times()
-                total += t.user + t.system
+                out[p.pid] = t.user + t.system
         except psutil.Error:
             pass
-    return total
+    return out
 
 
 def test_idle_tab_uses_under_5_percent_of_a_core(live, browser):
-    """Nothing running, the default live window. Measured on the page's main thread, where its scripts, style,
-    layout and paint run, as thread CPU time. The whole renderer process is printed too: its compositor thread
-    also works at 60 frames a second for the animation loop Gradio's own page keeps running."""
+    """Nothing running, the default live window: every renderer process of this browser, all their threads
+    together, uses at most 5% of one core over IDLE_WINDOW_S. The page's main thread (its scripts, style,
+    layout and paint, as thread CPU time from Chrome's trace) is printed beside it. And no animation loop runs:
+    Gradio's loading tracker, taken off the page while still pending, kept one going at 60 frames a second for
+    the life of the tab (assets/js/still.js stops it), which kept the compositor busy too."""
     ctx, page, errors = open_page(browser, live.url + "/")
     try:
         page.wait_for_selector("#bs-conn[data-state='live']", timeout=T)
         time.sleep(5)                                     # the page settles: fonts, first pictures, Gradio
-        cdp = ctx.new_cdp_session(page)
-        cdp.send("Performance.enable")
-        metrics = lambda: {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}  # noqa: E731
-        browser.start_tracing(page=page, categories=["toplevel"])
-        m0, c0, t0 = metrics(), renderer_cpu_seconds(), time.monotonic()
-        time.sleep(12)
-        m1, c1, t1 = metrics(), renderer_cpu_seconds(), time.monotonic()
-        tasks = main_thread_tasks(browser.stop_tracing())
+        status = json.load(urllib.request.urlopen(live.url + "/api/status", timeout=10))
+        assert status["running"] == 0 and status["queue"] == 0, status          # the engine is idle
+        browser.start_tracing(page=page, categories=["toplevel", "devtools.timeline"])
+        c0, t0 = renderer_cpu_seconds(), time.monotonic()
+        time.sleep(IDLE_WINDOW_S)
+        c1, t1 = renderer_cpu_seconds(), time.monotonic()
+        trace = browser.stop_tracing()
         wall = t1 - t0
-        main_thread = sum(e["tdur"] for e in tasks) / 1e6 / wall
-        task_duration = (m1["TaskDuration"] - m0["TaskDuration"]) / wall
-        process = (c1 - c0) / wall
-        print(f"idle tab: main thread CPU {100 * main_thread:.1f}% of a core "
-              f"(TaskDuration {100 * task_duration:.1f}%), "
-              f"renderer process {100 * process:.1f}%")
-        assert main_thread <= IDLE_CPU_LIMIT, main_thread
+        # a renderer that came or went meanwhile counts with what it used in the window that we can see
+        process = sum(c - c0.get(pid, 0.0) for pid, c in c1.items()) / wall
+        main = sum(e["tdur"] for e in main_thread_tasks(trace)) / 1e6 / wall
+        frames = len(main_thread(trace, "FireAnimationFrame")) / wall
+        stopped = page.evaluate("window.batchscope.still ? window.batchscope.still.stopped : null")
+        print(f"idle tab over {wall:.1f} s: renderer processes {100 * process:.1f}% of a core "
+              f"({len(c1)} processes, all threads), main thread {100 * main:.1f}%, "
+              f"{frames:.1f} animation frames/s, Gradio loops stopped: {stopped}")
+        assert process <= IDLE_CPU_LIMIT, f"renderer processes use {100 * process:.1f}% of a core when idle"
+        assert frames <= IDLE_ANIMATION_FRAMES_PER_S, f"{frames:.1f} animation frames a second on an idle tab"
         assert not errors, errors
     finally:
         ctx.close()
-

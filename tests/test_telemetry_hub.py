@@ -165,3 +165,31 @@ def test_the_pending_buffer_is_bounded_when_nothing_drains_it():
         hub.publish("step", {"step": i})
     assert len(hub._pending) == 100 and hub.pending_overflow == 900
     hub.close()
+
+
+def test_an_idle_engine_makes_one_frame_a_second_and_new_work_goes_out_at_once():
+    """Only sampler records for longer than idle_s: one frame per idle_s carrying every held sample and the stats.
+    A step makes the very next flush send a frame, and the flushes after it stay at full rate."""
+    hub = Hub(start=False, hz=20, idle_s=0.2, stats=lambda: {"queue": 0})
+    sub = hub.subscribe()
+    frames = []
+    deadline = time.monotonic() + 1.0
+    t = 0
+    while time.monotonic() < deadline:
+        hub.publish("nvml", {"t_us": t})
+        t += 1
+        frame = hub.flush()
+        if frame is not None:
+            frames.append(frame)
+        time.sleep(0.01)
+    assert 3 <= len(frames) <= 7, len(frames)                 # ~1 s / 0.2 s, not one per flush (~60)
+    samples = [s["t_us"] for f in frames for m in f.messages if m["type"] == "nvml" for s in m["samples"]]
+    assert samples == list(range(len(samples))) and len(samples) >= t - 25     # held, not dropped
+    assert all(any(m["type"] == "stats" for m in f.messages) for f in frames)
+    hub.publish("step", {"step": 1})
+    frame = hub.flush()
+    assert frame is not None and any(m["type"] == "steps" for m in frame.messages)
+    hub.publish("nvml", {"t_us": -1})
+    assert hub.flush() is not None                           # still active: every flush sends
+    hub.close()
+    del sub

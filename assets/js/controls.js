@@ -138,12 +138,17 @@ export async function refreshRecordings() {
     const res = await api("/api/recordings", "GET", undefined, 5000);
     const sel = $("bs-rec-list");
     if (!sel) return;
-    sel.innerHTML = `<option value="">recordings (${res.details.length})…</option>`;
-    for (const rec of res.details) {
-      const o = document.createElement("option");
-      o.value = rec.name;
-      o.textContent = "⤓ " + rec.name + " · " + rec.steps + " steps";
-      sel.appendChild(o);
+    const options = res.details.map(rec => [rec.name, "⤓ " + rec.name + " · " + rec.steps + " steps"]);
+    const key = JSON.stringify(options);
+    if (sel.dataset.shown !== key) {        // polled every 10 s: rebuilt only when the list changed
+      sel.innerHTML = `<option value="">recordings (${res.details.length})…</option>`;
+      for (const [name, text] of options) {
+        const o = document.createElement("option");
+        o.value = name;
+        o.textContent = text;
+        sel.appendChild(o);
+      }
+      sel.dataset.shown = key;
     }
     // a recording started elsewhere (API, another tab) shows as running here too
     if (res.active && !state.recording) {

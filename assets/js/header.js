@@ -21,14 +21,21 @@ export function setConn(conn) {
   el.textContent = CONN_TEXT[shown] || shown;
 }
 
+// Every "stats" message carries the mode: the page is changed only when the mode is not what it shows (each
+// write, even of the same value, is a DOM mutation Gradio's observers wake for, and a new layout).
 export function setMode(m) {
   if (m !== "sync" && m !== "async") return;
   state.mode = m;
   const badge = $("bs-mode");
-  if (badge && !viewingReplay()) { badge.dataset.mode = m; badge.textContent = m; }
+  if (badge && !viewingReplay()) {
+    if (badge.dataset.mode !== m) badge.dataset.mode = m;
+    setText("bs-mode", m);
+  }
   for (const k of ["sync", "async"]) {
-    const b = $("bs-mode-" + k);
-    if (b) { b.classList.toggle("active", k === m); b.setAttribute("aria-pressed", k === m ? "true" : "false"); }
+    const b = $("bs-mode-" + k), on = k === m;
+    if (!b) continue;
+    if (b.classList.contains("active") !== on) b.classList.toggle("active", on);
+    if (b.getAttribute("aria-pressed") !== String(on)) b.setAttribute("aria-pressed", String(on));
   }
 }
 
@@ -69,8 +76,8 @@ export function showStats(s) {
 // From the "requests" messages: the median time to first token of the latest requests (feed.js recentLatency).
 export function showRequests(r) {
   setText("bs-st-ttft", r.ttftMs === null ? "–" : fmt(r.ttftMs) + " ms");
-  const el = $("bs-st-ttft");
-  if (el) el.title = r.requests + " requests got their first token in the last " + r.windowS + " s";
+  const el = $("bs-st-ttft"), title = r.requests + " requests got their first token in the last " + r.windowS + " s";
+  if (el && el.title !== title) el.title = title;
 }
 
 // The status line: model, device, GPU, NVML, from /api/status or the hello message (the same names in both).

@@ -9,7 +9,7 @@
  *   header.js    mode, counters, status line     controls.js toolbar, recordings, replay
  *   redraw.js    when to draw, in slices         view.js    Pause and the window buttons
  *   plot.js      colours, lanes, layout, zoom    gantt.js   the Gantt (ink.js, gantt_hover.js)
- *   charts.js    the small charts
+ *   charts.js    the small charts                still.js   no animation frames for Gradio's lost trackers
  *
  * After each picture the page fires a "bs-picture" event on document (detail: {lo, hi, steps}), for any part
  * of the page that follows the window shown.
@@ -21,6 +21,7 @@ import { buildLegend } from "./gantt.js";
 import * as header from "./header.js";
 import { observeCharts, perf, startRedraw } from "./redraw.js";
 import "./stage.js";                 // scoreboard, presentation mode, keys, example recording
+import { keepStill, still } from "./still.js";
 import { $, note, setText } from "./util.js";
 import { bindViewControls } from "./view.js";
 
@@ -78,6 +79,7 @@ function watch() {
 }
 
 function start() {
+  keepStill();
   watch();
   startRedraw(pictureDone);
   setInterval(header.pollStatus, 3000);
@@ -89,7 +91,7 @@ function start() {
 // A module runs once per page, but an older copy of the page's script may already be running.
 if (!window.batchscope) {
   window.batchscope = { store: state.store, view: state.view, handle: onMessage, showReplay, backToLive,
-                        render: () => { state.dirty = true; }, normalise, perf,
+                        render: () => { state.dirty = true; }, normalise, perf, still,
                         get mode() { return state.mode; }, get renderMs() { return perf.pictureCostMs; } };
   // Gradio 6 injects head scripts after `load` has fired: start at once then, or when the document is parsed.
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
