@@ -2,9 +2,9 @@
 
 The server mounts it with `gr.mount_gradio_app(app, build_ui(state), path="/", head=HEAD, css=CSS)`.
 Split of work:
-- Python handlers (here) call AppState for what has a beginning and an end: a streamed generation, a burst,
-  an A/B run, a continuous load. Gradio's queue streams their progress back. app/ui_html.py and app/ui_load.py
-  render the HTML they show. Each handler's first update clears what the last attempt left (an old error) and
+- Python handlers (here for Generate, app/ui_runs.py for the Load test tab) call AppState for what has a
+  beginning and an end: a streamed generation, a burst, an A/B run, a continuous load. Gradio's queue streams
+  their progress back. app/ui_html.py and app/ui_load.py render the HTML they show. Each handler's first update clears what the last attempt left (an old error) and
   marks its button busy; its last one gives the button back.
 - assets/js owns everything live: the websocket feed, the charts, the mode toggle (so the page always shows the
   engine's mode, also when someone switches it through the API), downloads, recordings and replay.
@@ -22,12 +22,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402  (the environment variable must be set before the import)
 
-from pydantic import ValidationError  # noqa: E402
-
-from .errors import validation_reason  # noqa: E402
-from .schemas import BurstSpec, Limits, LoadSpec  # noqa: E402
-from .ui_html import gen_info_html, header_html, progress_html, replay_html, results_html, scope_html  # noqa: E402
-from .ui_load import ab_compare_html, ab_progress_html, error_html, load_html  # noqa: E402
+from .schemas import Limits  # noqa: E402
+from .ui_html import gen_info_html, header_html, replay_html, scope_html  # noqa: E402
+from .ui_load import error_html  # noqa: E402
+from .ui_runs import AB, FIRE, START_LOAD, wire_load_test  # noqa: E402
 
 ASSETS = resources.files("batchscope.assets")
 
@@ -43,13 +41,6 @@ CSS = (ASSETS / "style.css").read_text(encoding="utf-8")
 THEME = gr.themes.Default(primary_hue="blue", neutral_hue="slate", spacing_size="sm", text_size="sm", radius_size="sm",
                           font=["Inter", "ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"],
                           font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"])
-
-POLL_S = 0.3          # how often a running burst / A/B is polled for progress
-LOAD_POLL_S = 0.5     # and a continuous load
-FIRE, AB, START_LOAD = "Fire burst", "A/B: sync then async", "Start load"
-# runs in the page before the A/B handler (assets/js/controls.js defines the hook); passes the inputs through
-CHECK_MODE_LOCK_SOON = "(...args) => { window.batchscopeModeLock?.soon(); return args; }"
-
 
 @dataclass
 class _GenerateTab:
@@ -104,11 +95,11 @@ class _LoadTestTab:
         return [self.p_min, self.p_max, self.o_min, self.o_max, self.ignore_eos, self.seed]
 
     def spec_inputs(self) -> list:
-        """In the order `_burst_spec` takes them."""
+        """In the order `ui_runs.burst_spec` takes them."""
         return [self.n_req, self.arrival, self.rate, self.burstiness, *self.shape_inputs()]
 
     def load_inputs(self) -> list:
-        """In the order `_load_spec` takes them."""
+        """In the order `ui_runs.load_spec` takes them."""
         return [self.load_kind, self.load_concurrency, self.load_rate, self.load_duration, *self.shape_inputs()]
 
 
@@ -132,7 +123,7 @@ def build_ui(state) -> gr.Blocks:
             with gr.Column(scale=3, min_width=640, elem_id="bs-charts"):
                 gr.HTML(scope_html(state), elem_id="bs-scope-block", js_on_load=None)
         _wire_generate(state, gen)
-        _wire_load_test(state, load, demo)
+        wire_load_test(state, load, demo)
     return demo
 
 
@@ -308,151 +299,3 @@ def _generate_handler(state, streams: _Streams):
 def _stopped_html(first: float | None, elapsed: float) -> str:
     ttft = f"first text after {first * 1000:.0f} ms · " if first is not None else ""
     return f'<div class="bs-gen-info" data-state="stopped">{ttft}stopped after {elapsed:.2f} s</div>'
-
-
-def _wire_load_test(state, tab: _LoadTestTab, demo: gr.Blocks) -> None:
-    def arrival_changed(kind):
-        return gr.update(visible=kind != "burst"), gr.update(visible=kind == "gamma")
-
-    def load_kind_changed(kind):
-        return gr.update(visible=kind == "concurrency"), gr.update(visible=kind == "rate")
-
-    tab.arrival.change(arrival_changed, tab.arrival, [tab.rate, tab.burstiness])
-    tab.load_kind.change(load_kind_changed, tab.load_kind, [tab.load_concurrency, tab.load_rate])
-
-    run_burst = _follow("burst", FIRE, lambda *v: state.start_burst(_burst_spec(*v)), state.burst_status,
-                        lambda st: progress_html(st.done, st.total, f"burst {st.id}: {st.state}",
-                                                 error=f"burst {st.id} failed: {st.error}" if st.error else None),
-                        lambda st: results_html(st.results))
-    run_ab = _follow("A/B", AB, lambda *v: state.start_ab(_burst_spec(*v)), state.ab_status, ab_progress_html,
-                     ab_compare_html)
-    # our own progress bars say how far a run got; Gradio's overlay would only hide them
-    tab.burst.click(run_burst, tab.spec_inputs(), [tab.burst_progress, tab.burst_results, tab.burst],
-                    concurrency_limit=4, show_progress="hidden")
-    # the A/B locks the mode toggle: have the page look for the lock now rather than at its next poll
-    tab.ab.click(run_ab, tab.spec_inputs(), [tab.ab_progress, tab.ab_results, tab.ab], concurrency_limit=2,
-                 show_progress="hidden", js=CHECK_MODE_LOCK_SOON)
-
-    load_outputs = [tab.load_status, tab.load_start, tab.load_stop, tab.load_id]
-    follow = _follow_load(state)
-
-    def start_load(*values):
-        # clears the last attempt's error and shows the start is under way
-        yield "", gr.update(interactive=False, value="Starting…"), gr.update(interactive=False), None
-        try:
-            load_id = state.start_load(_load_spec(*values))
-        except Exception as e:
-            yield _refusal("load", e), *_load_buttons(False), None
-            return
-        yield from follow(load_id)
-
-    def stop_load(load_id):
-        try:
-            target = load_id or state.running_load()
-            if target:
-                state.stop_load(target)
-        except Exception:               # already gone: the follower shows how it ended
-            pass
-
-    def follow_running():
-        # a page opened (or reloaded) while a load runs follows it, so that its Stop button works
-        load_id = state.running_load() if state.engine is not None else None
-        if load_id is None:
-            yield gr.update(), gr.update(), gr.update(), None
-            return
-        yield from follow(load_id)
-
-    tab.load_start.click(start_load, tab.load_inputs(), load_outputs, concurrency_limit=4, show_progress="hidden")
-    tab.load_stop.click(stop_load, tab.load_id, None, show_progress="hidden")
-    if state.engine is not None:
-        # a follower per open page, each holding a worker thread while it sleeps between polls: several at once,
-        # not Gradio's default of one, but few enough to leave threads for everything else
-        demo.load(follow_running, None, load_outputs, show_progress="hidden", concurrency_limit=8)
-
-
-def _refusal(kind: str, e: Exception) -> str:
-    reason = validation_reason(e) if isinstance(e, ValidationError) else str(e)
-    return error_html(f"{kind} not started: {reason}")
-
-
-def _follow(kind: str, label: str, start, status, progress, table):
-    """A handler that starts a burst or an A/B, then polls it: (progress, results, its button) until it ends or
-    fails. The button is busy meanwhile."""
-    # fresh updates each time: Gradio consumes an update's fields as it applies them
-    def busy():
-        return gr.update(interactive=False, value=f"{kind} running…")
-
-    def idle():
-        return gr.update(interactive=True, value=label)
-
-    def run(*values):
-        yield progress_html(0, 0, f"{kind}: starting…"), "", busy()    # clears the last attempt's error
-        try:
-            run_id = start(*values)
-        except Exception as e:
-            yield _refusal(kind, e), "", idle()
-            return
-        while True:
-            try:
-                st = status(run_id)
-            except Exception as e:
-                yield error_html(f"{kind} {run_id}: {e}"), "", idle()
-                return
-            ended = st.state != "running"
-            yield progress(st), table(st), idle() if ended else busy()
-            if ended:
-                return
-            time.sleep(POLL_S)
-    return run
-
-
-def _load_buttons(running: bool) -> tuple:
-    """(start, stop) while a load runs, or not: fresh updates each time (Gradio consumes them as it applies them)."""
-    if running:
-        return gr.update(interactive=False, value="Load running…"), gr.update(interactive=True)
-    return gr.update(interactive=True, value=START_LOAD), gr.update(interactive=False)
-
-
-def _follow_load(state):
-    """Poll a continuous load until it ends: (status, start button, stop button, load id)."""
-    def follow(load_id: str):
-        while True:
-            try:
-                st = state.load_status(load_id)
-            except Exception as e:
-                yield error_html(f"load {load_id}: {e}"), *_load_buttons(False), None
-                return
-            running = st.state == "running"
-            yield load_html(st), *_load_buttons(running), load_id if running else None
-            if not running:
-                return
-            time.sleep(LOAD_POLL_S)
-    return follow
-
-
-def _shape(pmin, pmax, omin, omax, ignore_eos, seed) -> dict:
-    fields = {"prompt_tokens": (pmin, pmax), "max_new_tokens": (omin, omax), "ignore_eos": bool(ignore_eos)}
-    if seed not in (None, ""):
-        fields["seed"] = seed
-    return fields
-
-
-def _burst_spec(n, arrival, rate, burstiness, *shape) -> BurstSpec:
-    """The panel's fields as the body of POST /api/burst: the same model checks them. Only the fields the chosen
-    arrival uses are sent: a hidden field must not block a burst (its value stays, but nobody can see it)."""
-    arrival = arrival or "burst"
-    knobs = {}
-    if arrival != "burst" and rate not in (None, ""):
-        knobs["rate"] = rate
-    if arrival == "gamma" and burstiness not in (None, ""):
-        knobs["burstiness"] = burstiness
-    return BurstSpec(num_requests=n, arrival=arrival, **knobs, **_shape(*shape))
-
-
-def _load_spec(kind, concurrency, rate, duration, *shape) -> LoadSpec:
-    """The panel's fields as the body of POST /api/load; as for bursts, only the visible knob is sent."""
-    kind = kind or "concurrency"
-    knobs = {"concurrency": concurrency} if kind == "concurrency" else {"rate": rate}
-    if duration not in (None, ""):
-        knobs["duration_s"] = duration
-    return LoadSpec(kind=kind, **knobs, **_shape(*shape))

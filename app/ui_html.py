@@ -120,8 +120,31 @@ def header_html(state) -> str:
   <span>device <b id="bs-device">{e(b["device"])}</b></span>
   <span>GPU <b id="bs-gpu">{e(b["gpu"])}</b></span>
   <span>NVML <b id="bs-nvml">{e(nvml_value)}</b>{reason}</span>
+  {engine_notes(state)}
   <span id="bs-why" class="bs-why" title="{e(why)}" data-gpu="{e(b["busy_note"] or WHY_GPU)}" data-cpu="{e(WHY_CPU)}">{e(why)}</span>
 </div>"""
+
+
+def engine_notes(state) -> str:
+    """What the engine runs differently from the usual, on the status line: decode without CUDA graphs (and
+    why: a model whose step cannot be captured runs eagerly), a sampling path that runs eagerly, tensor
+    parallelism over several GPUs. From the live engine's info, or the replayed recording's."""
+    if state.engine is not None:
+        info = getattr(state.engine, "info", None) or {}
+    else:
+        info = ((getattr(state, "replay", None) or {}).get("meta") or {}).get("info") or {}
+    e = html.escape
+    notes = []
+    if info.get("cuda_graphs_note"):
+        title = "decode steps replay CUDA graphs where the model allows it; where not, the reason is shown"
+        text = info["cuda_graphs_note"] if info.get("cuda_graphs") else f"decode runs eagerly: {info['cuda_graphs_note']}"
+        notes.append(f'<span id="bs-graphs-note" class="bs-engine-note" title="{e(title)}">{e(text)}</span>')
+    tp = info.get("tensor_parallel_size") or 1
+    if tp > 1:
+        gpus = ", ".join(str(r.get("device")) for r in info.get("ranks") or [])
+        notes.append(f'<span id="bs-tp-note" class="bs-engine-note">tensor parallel x{tp}'
+                     f'{" (" + e(gpus) + ")" if gpus else ""}</span>')
+    return "".join(notes)
 
 
 def scope_html(state) -> str:

@@ -509,3 +509,23 @@ def test_bench_dispatches_with_its_own_finer_options(monkeypatch):
     assert (args.model, args.modes, args.requests, args.out, args.repeats) == ("tiny-random", ["async"], 4,
                                                                                "b.json", 3)
     assert args.baseline in (None, "none") and args.prompt_tokens == 256
+
+
+def test_the_status_line_says_when_decode_runs_without_graphs_and_when_ranks_split_the_model():
+    """engine.info's cuda_graphs_note and tensor parallel size reach the page's status line (escaped)."""
+    from types import SimpleNamespace
+
+    from batchscope.app.ui_html import engine_notes
+
+    plain = SimpleNamespace(engine=SimpleNamespace(info={"cuda_graphs": True, "cuda_graphs_note": None,
+                                                         "tensor_parallel_size": 1}))
+    assert engine_notes(plain) == ""
+    note = "CUDA graphs are off: the decode step synchronises with the host (<sync>)"
+    eager = SimpleNamespace(engine=SimpleNamespace(info={"cuda_graphs_note": note, "tensor_parallel_size": 2,
+                                                         "ranks": [{"device": "cuda:0"}, {"device": "cuda:1"}]}))
+    html = engine_notes(eager)
+    assert "the decode step synchronises with the host (&lt;sync&gt;)" in html and 'id="bs-graphs-note"' in html
+    assert "tensor parallel x2 (cuda:0, cuda:1)" in html
+    replay = SimpleNamespace(engine=None, replay={"meta": {"info": {"cuda_graphs_note": "random sampling runs "
+                                                                                         "eagerly: x"}}})
+    assert "random sampling runs eagerly" in engine_notes(replay)
