@@ -141,7 +141,7 @@ def follow_load(state):
     return follow
 
 
-def shape(pmin, pmax, omin, omax, ignore_eos, seed) -> dict:
+def panel_shape(pmin, pmax, omin, omax, ignore_eos, seed) -> dict:
     fields = {"prompt_tokens": (pmin, pmax), "max_new_tokens": (omin, omax), "ignore_eos": bool(ignore_eos)}
     if seed not in (None, ""):
         fields["seed"] = seed
@@ -157,7 +157,7 @@ def burst_spec(n, arrival, rate, burstiness, *shape) -> BurstSpec:
         knobs["rate"] = rate
     if arrival == "gamma" and burstiness not in (None, ""):
         knobs["burstiness"] = burstiness
-    return BurstSpec(num_requests=n, arrival=arrival, **knobs, **shape(*shape))
+    return BurstSpec(num_requests=n, arrival=arrival, **knobs, **panel_shape(*shape))
 
 
 def load_spec(kind, concurrency, rate, duration, *shape) -> LoadSpec:
@@ -166,4 +166,4 @@ def load_spec(kind, concurrency, rate, duration, *shape) -> LoadSpec:
     knobs = {"concurrency": concurrency} if kind == "concurrency" else {"rate": rate}
     if duration not in (None, ""):
         knobs["duration_s"] = duration
-    return LoadSpec(kind=kind, **knobs, **shape(*shape))
+    return LoadSpec(kind=kind, **knobs, **panel_shape(*shape))
