@@ -56,6 +56,10 @@ def graph_ms(fn, reps: int = 50) -> float:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--block-n", default="32,64,128")
+    p.add_argument("--block-k", default="128")
+    p.add_argument("--warps", default="4,8")
+    p.add_argument("--stages", default="3")
     p.add_argument("--out", default="moe_kernel.json")
     args = p.parse_args()
     from transformers.integrations.moe import batched_mm_experts_forward, grouped_mm_experts_forward
@@ -78,7 +82,9 @@ def main():
            "variants": {}}
     for name, fn in (("grouped_mm", grouped_mm_experts_forward), ("batched_mm", batched_mm_experts_forward)):
         out["variants"][name] = graph_ms(lambda: [fn(m, x, idx, w) for m in layers]) / len(layers)
-    for bn, bk, nw, ns in itertools.product((32, 64, 128), (128,), (4, 8), (3,)):
+    ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
+    for bn, bk, nw, ns in itertools.product(ints(args.block_n), ints(args.block_k), ints(args.warps),
+                                            ints(args.stages)):
         tile = {"block_n": bn, "block_k": bk, "num_warps": nw, "num_stages": ns}
         moe_triton.TILE.update(tile)
         try:
