@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -19,25 +20,9 @@ def measure_bandwidth(device: torch.device, mib: int | None = None, trials: int 
     nbytes = (mib or (1024 if cuda else 128)) * 2**20
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    iters = 10 if cuda else 3
     for _ in range(3):                   # first touches page in memory and warm the copy engine
         dst.copy_(src)
-    times_ms = []
-    for _ in range(trials):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times_ms.append(start.elapsed_time(end) / iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dst.copy_(src)
-            times_ms.append((time.perf_counter() - t0) * 1e3 / iters)
-    ms = statistics.median(times_ms)
+    ms = _median_ms(partial(dst.copy_, src), 10 if cuda else 3, trials, cuda)
     del src, dst
     if cuda:
         torch.cuda.empty_cache()
@@ -74,32 +59,36 @@ def allreduce_ms_per_step(info: dict, rows: int) -> float | None:
     return round(per_step * measured[str(size)] / 1e3, 4)
 
 
-def measure_gemm_peak(device: torch.device, dtype: torch.dtype, trials: int = 5) -> dict:
-    """Dense GEMM throughput in TFLOP/s (1e12 FLOP/s) at a large square size, the compute roof a step's GEMMs
-    meet once they have enough rows. CUDA: 8192^3 in `dtype`, timed with CUDA events; CPU: 1024^3, host clock."""
-    cuda = device.type == "cuda"
-    n = 8192 if cuda else 1024
-    iters = 10 if cuda else 2
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    for _ in range(2):
-        a @ b
+def _median_ms(fn, iters: int, trials: int, cuda: bool) -> float:
+    """Median over `trials` of the mean time of `iters` calls: CUDA events on CUDA, the host clock elsewhere."""
     times_ms = []
     for _ in range(trials):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(iters):
-                a @ b
+                fn()
             end.record()
             end.synchronize()
             times_ms.append(start.elapsed_time(end) / iters)
         else:
             t0 = time.perf_counter()
             for _ in range(iters):
-                a @ b
+                fn()
             times_ms.append((time.perf_counter() - t0) * 1e3 / iters)
-    ms = statistics.median(times_ms)
+    return statistics.median(times_ms)
+
+
+def measure_gemm_peak(device: torch.device, dtype: torch.dtype, trials: int = 5) -> dict:
+    """Dense GEMM throughput in TFLOP/s (1e12 FLOP/s) at a large square size, the compute roof a step's GEMMs
+    meet once they have enough rows. CUDA: 8192^3 in `dtype`, timed with CUDA events; CPU: 1024^3, host clock."""
+    cuda = device.type == "cuda"
+    n = 8192 if cuda else 1024
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(2):
+        a @ b
+    ms = _median_ms(partial(torch.matmul, a, b), 10 if cuda else 2, trials, cuda)
     del a, b
     if cuda:
         torch.cuda.empty_cache()

@@ -125,23 +125,15 @@ def random_preset_config(name: str, vocab_size: int | None = None):
             vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
             initializer_range=0.2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-    if name == "llama3-8b-random":
+    # Llama-3 shapes (hidden, MLP width, layers, query heads; 8 KV heads of 128 each): 8B, 70B, and 3.1-405B
+    # (about 810 GB in bf16: tensor parallel 8)
+    llama3 = {"llama3-8b-random": (4096, 14336, 32, 32), "llama3-70b-random": (8192, 28672, 80, 64),
+              "llama3-405b-random": (16384, 53248, 126, 128)}
+    if name in llama3:
+        hidden, width, layers, heads = llama3[name]
         return LlamaConfig(
-            vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=16384,
-            rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
-            tie_word_embeddings=False)
-    if name == "llama3-70b-random":
-        return LlamaConfig(
-            vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-            num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=16384,
-            rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
-            tie_word_embeddings=False)
-    if name == "llama3-405b-random":
-        # Llama-3.1-405B: 126 layers, 128 query / 8 KV heads of 128, about 810 GB in bf16 (tensor parallel 8)
-        return LlamaConfig(
-            vocab_size=128256, hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
-            num_attention_heads=128, num_key_value_heads=8, max_position_embeddings=16384,
+            vocab_size=128256, hidden_size=hidden, intermediate_size=width, num_hidden_layers=layers,
+            num_attention_heads=heads, num_key_value_heads=8, max_position_embeddings=16384,
             rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
             tie_word_embeddings=False)
     if name == "qwen3-30b-a3b-random":

@@ -250,17 +250,17 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_subprocess(*args: str):
-    """`batchscope serve --model tiny-random --device cpu --dtype float32 --no-ui ARGS` in its own process; yields
-    its URL once /api/health answers, terminates it after."""
+def serve_subprocess(*args: str, ui: bool = False, start_s: float = 180):
+    """`batchscope serve --model tiny-random --device cpu --dtype float32 [--no-ui] ARGS` in its own process;
+    yields its URL once /api/health answers, terminates it after."""
     import httpx
 
     port = free_port()
     cmd = [sys.executable, "-m", "batchscope.app.cli", "serve", "--model", "tiny-random", "--device", "cpu",
-           "--dtype", "float32", "--no-ui", *args, "--port", str(port)]
+           "--dtype", "float32", *([] if ui else ["--no-ui"]), *args, "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + start_s
     while True:
         try:
             if httpx.get(url + "/api/health", timeout=2).status_code == 200:
@@ -269,14 +269,14 @@ def serve_subprocess(*args: str):
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"batchscope serve did not come up:\n{proc.stdout.read()}")
+            pytest.fail(f"batchscope serve {' '.join(args)} did not come up:\n{proc.stdout.read()}")
         time.sleep(0.2)
     try:
         yield url
     finally:
         proc.terminate()
         try:
-            proc.wait(20)
+            proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -10,14 +10,10 @@ estimate in the hover, one busy line per rank and one NVML line per GPU.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import os
-import subprocess
-import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -30,7 +26,7 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from conftest import free_port, tiny_app_server  # noqa: E402
+from conftest import serve_subprocess, tiny_app_server  # noqa: E402
 
 from batchscope.app.schemas import Limits  # noqa: E402
 from batchscope.app.server import ServerThread, create_app  # noqa: E402
@@ -46,36 +42,10 @@ SHOT = Path("/tmp/tp_gantt.png")
 
 # ---------------------------------------------------------------- servers and the page
 
-@contextlib.contextmanager
 def serve_with_ui(*args: str):
     """`batchscope serve --model tiny-random --device cpu --dtype float32 ARGS` with its UI, in its own process
     (a tensor-parallel engine starts processes of its own, one engine per process); yields its URL."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "batchscope.app.cli", "serve", "--model", "tiny-random", "--device", "cpu",
-           "--dtype", "float32", *args, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/api/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"batchscope serve {' '.join(args)} did not come up:\n{proc.stdout.read()}")
-        time.sleep(0.3)
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return serve_subprocess(*args, ui=True, start_s=240)
 
 
 def post(url: str, path: str, body: dict) -> dict:
