@@ -34,7 +34,7 @@ import torch
 from batchscope.engine import EngineConfig
 from batchscope.engine.config import DTYPES, MODES
 
-from .bench_floor import decode_floor, measure_bandwidth, measure_gemm_peak, roofline_floor, weight_classes
+from .bench_floor import decode_floor, measure_bandwidth, workload_floors  # noqa: F401 (bench.decode_floor)
 from .bench_systems import METRICS, TF_VARIANTS, BatchscopeRunner, TransformersRunner, nvml_window
 
 BENCH_SCHEMA = "batchscope.bench/1"
@@ -149,14 +149,10 @@ def run_benchmark(args) -> dict:
         if per_request > info["max_model_len"]:
             raise ValueError(f"prompt + new tokens ({per_request}) exceed the model's {info['max_model_len']}")
         prompts = make_prompts(args.requests, args.prompt_tokens, info["vocab_size"], args.seed)
-        floor = decode_floor(info, args.requests, args.prompt_tokens, args.new_tokens, bandwidth["gbps"])
         _say(f"measuring the GEMM peak on {device}")
-        gemm = measure_gemm_peak(device, bs.engine.model.dtype)
-        _say(f"GEMM peak {gemm['tflops']:.1f} TFLOP/s ({gemm['dtype']})")
-        topk = getattr(bs.engine.model.config, "num_experts_per_tok", None)
-        floor["roofline"] = roofline_floor(weight_classes(bs.engine.model, topk), info, args.requests,
-                                           args.prompt_tokens, args.new_tokens, bandwidth["gbps"], gemm["tflops"])
-        floor["gemm_peak"] = gemm
+        floor = workload_floors(bs.engine.model, info, args.requests, args.prompt_tokens, args.new_tokens,
+                                bandwidth["gbps"])
+        _say(f"GEMM peak {floor['gemm_peak']['tflops']:.1f} TFLOP/s ({floor['gemm_peak']['dtype']})")
         labels = list(args.modes)
         skipped = {}
         if args.baseline == "transformers" and config.tensor_parallel_size > 1:

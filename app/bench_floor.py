@@ -144,3 +144,16 @@ def roofline_floor(classes: dict, info: dict, requests: int, prompt_tokens: int,
     total = sum(max(p["memory_ms"], p["compute_ms"] or 0.0) for p in parts.values()) + allreduce
     return {"ms_per_step": round(total, 4), "classes": parts, "allreduce_ms": allreduce or None,
             "gemm_tflops": tflops}
+
+
+def workload_floors(model: torch.nn.Module, info: dict, requests: int, prompt_tokens: int, new_tokens: int,
+                    gbps: float) -> dict:
+    """Both floors of the workload's decode step: the bandwidth floor, with the roofline floor and the GEMM peak
+    it was computed with (measured here, in the model's dtype on its device) beside it."""
+    floor = decode_floor(info, requests, prompt_tokens, new_tokens, gbps)
+    gemm = measure_gemm_peak(next(model.parameters()).device, next(model.parameters()).dtype)
+    topk = getattr(model.config, "num_experts_per_tok", None)
+    floor["roofline"] = roofline_floor(weight_classes(model, topk), info, requests, prompt_tokens, new_tokens,
+                                       gbps, gemm["tflops"])
+    floor["gemm_peak"] = gemm
+    return floor
