@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import HTTPConnection
 
+from batchscope.engine.config import EngineUnavailable
 from batchscope.telemetry import TimelineError
 
 
@@ -41,7 +42,7 @@ class EngineFailure(RuntimeError):
 
 
 STATUS_BY_ERROR = {ValueError: 400, TimelineError: 400, BusyError: 429, NotFoundError: 404, NoEngineError: 409,
-                   ShuttingDownError: 503, EngineFailure: 500}
+                   ShuttingDownError: 503, EngineUnavailable: 503, EngineFailure: 500}
 OPENAI_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_exceeded"}
 
 

@@ -12,6 +12,10 @@ class ConfigError(ValueError):
     """A configuration or request parameter is invalid; the message says which and why."""
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine takes no more work: it is closed, or a tensor-parallel rank it needs is gone."""
+
+
 @dataclass
 class EngineConfig:
     model: str = "smollm2-135m"

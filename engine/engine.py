@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from .config import ConfigError, EngineConfig, SamplingParams
+from .config import ConfigError, EngineConfig, EngineUnavailable, SamplingParams
 from .core import EngineCore
 from .kv_cache import BlockAllocator, kv_bytes_per_token
 from .loop import LOOPS
@@ -99,7 +99,9 @@ class Engine:
     def _new_request(self, prompt: Prompt, params: SamplingParams | None, request_id: str | None,
                      stream: bool) -> tuple[Request, RequestHandle]:
         if self._core.closing:
-            raise RuntimeError("engine is closed")
+            raise EngineUnavailable("engine is closed")
+        if self._peers is not None and self._peers.lost:
+            raise EngineUnavailable(f"{self._peers.lost}: the engine cannot run steps; restart it")
         params = (params or SamplingParams()).validate()
         ids = self._prompt_ids(prompt)
         need = min(len(ids) + params.max_new_tokens, self.max_model_len)

@@ -94,6 +94,7 @@ class Peers:
         self.spans: deque = deque()         # (rank, step, {phase: (start_ns, end_ns)}) not yet handed over
         self._pending_flush = False
         self.closed = False
+        self.lost: str | None = None        # why a rank is gone while serving: no step can run without it
 
     # -- start-up (the engine thread is not running yet) --------------------------------------------------------
     def expect(self, kind: str) -> list:
@@ -131,19 +132,31 @@ class Peers:
                 msg = conn.recv()
             except (EOFError, OSError):
                 if not self.closed:
-                    print(f"batchscope: tensor-parallel rank {rank} is gone; the engine cannot run steps any more",
-                          file=sys.stderr, flush=True)
+                    code = self.procs[rank - 1].poll()
+                    self.lost = self.lost or f"tensor-parallel rank {rank} exited (code {code})"
+                    print(f"batchscope: {self.lost}; the engine cannot run steps any more", file=sys.stderr,
+                          flush=True)
                 return
             if msg[0] == "spans":
                 self.spans.extend(msg[1])
             elif msg[0] == "error":
+                last = msg[1].strip().splitlines()[-1] if msg[1].strip() else "?"
+                self.lost = self.lost or f"tensor-parallel rank {rank} failed ({last})"
                 print(f"batchscope: tensor-parallel rank {rank} failed:\n{msg[1]}", file=sys.stderr, flush=True)
 
     # -- serving (engine thread) --------------------------------------------------------------------------------
     def send_step(self, batch) -> None:
+        """Relay a step to every other rank; raises (the step fails, nothing is launched) once a rank is gone,
+        rather than launch collectives nobody will meet."""
+        if self.lost:
+            raise RuntimeError(f"{self.lost}: restart the engine")
         data = STEP + step_message(batch)
-        for conn in self.ctrl:
-            conn.send_bytes(data)
+        try:
+            for conn in self.ctrl:
+                conn.send_bytes(data)
+        except OSError as exc:
+            self.lost = self.lost or f"a tensor-parallel rank stopped taking steps ({exc})"
+            raise RuntimeError(f"{self.lost}: restart the engine") from None
         self._pending_flush = True
 
     def flush(self) -> None:

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from batchscope.engine import ConfigError, Engine, EngineConfig, SamplingParams
+from batchscope.engine import ConfigError, Engine, EngineConfig, EngineUnavailable, SamplingParams
 from batchscope.engine.tensor_parallel import TP_FAMILIES
 from test_model_matrix import FAMILIES, build_checkpoint, matrix_prompts, run_matrix_family
 
@@ -196,6 +196,29 @@ def test_close_stops_every_rank(checkpoints):
     assert all(p.is_running() for p in peers)
     eng.close()
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in peers)
+
+
+def test_a_rank_that_dies_fails_what_runs_and_refuses_new_requests(checkpoints):
+    """A peer killed mid-run: the request in flight ends with an error naming the rank, the engine thread keeps
+    going, and a new request is refused at once with the reason (no step ever waits for the missing rank)."""
+    eng = Engine(EngineConfig(model=checkpoints("llama"), device="cpu", dtype="float32", tensor_parallel_size=2,
+                              num_blocks=64))
+    try:
+        handle = eng.submit([5, 6, 7], SamplingParams(max_new_tokens=100000, ignore_eos=True), stream=False)
+        deadline = time.monotonic() + 30
+        while eng.stats()["steps"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        eng._peers.procs[0].kill()
+        out = handle.result(timeout=60)
+        assert out.finish_reason == "error" and out.error
+        deadline = time.monotonic() + 10
+        while not eng._peers.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(EngineUnavailable, match="tensor-parallel rank 1"):
+            eng.submit([1, 2, 3], SamplingParams(max_new_tokens=2))
+        assert eng._thread.is_alive()
+    finally:
+        eng.close()
 
 
 _RANK0 = """
