@@ -33,6 +33,7 @@ class Engine:
         self._peers = Peers(config) if config.tensor_parallel_size > 1 else None
         try:
             if self._peers is not None:
+                self._peers.expect("joining")
                 init_group(0, config.tensor_parallel_size, self._peers.port, rank_device(config, 0))
             rm = load_rank(config, 0)
             num_blocks = blocks_that_fit(rm, config)

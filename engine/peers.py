@@ -262,6 +262,9 @@ def peer_main(address: str, rank: int, port: int, parent_pid: int) -> None:
             torch.cuda.set_device(device)
         else:   # the ranks share the CPU's cores
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
+        # said before the rendezvous: rank 0 enters it only once every rank got this far (a rank that fails
+        # earlier, importing or picking its device, is reported instead of leaving rank 0 waiting there)
+        reports.send(("joining", rank))
         init_group(rank, config.tensor_parallel_size, port, device)
         rm = load_rank(config, rank)
         reports.send(("blocks", blocks_that_fit(rm, config)))

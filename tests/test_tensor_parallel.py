@@ -305,3 +305,28 @@ def test_tp2_on_cuda_with_graphs_equals_transformers(tmp_path, family, changes):
     assert all(r["cuda_graphs"] for r in res["ranks"]), res
     assert res["note"] is None, res["note"]
     _assert_exact(res, f"{family} {changes} on CUDA at TP=2")
+
+
+_FAILING_PEER = """
+import sys
+if "batchscope.engine.peers" in sys.orig_argv:      # only in the ranks the engine starts
+    import torch
+
+    def refuse(n):
+        raise RuntimeError("this rank may not set its threads")
+    torch.set_num_threads = refuse
+"""
+
+
+def test_a_rank_that_fails_before_the_rendezvous_is_reported_not_waited_for(checkpoints, tmp_path, monkeypatch):
+    """A rank whose start fails early (here: setting its CPU threads raises, through a sitecustomize only the
+    ranks load) makes Engine() raise with its reason within seconds, instead of leaving rank 0 waiting in the
+    process-group rendezvous."""
+    (tmp_path / "sitecustomize.py").write_text(_FAILING_PEER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1.*may not set its threads"):
+        Engine(EngineConfig(model=checkpoints("llama"), device="cpu", dtype="float32", tensor_parallel_size=2,
+                            num_blocks=32))
+    assert time.monotonic() - t0 < 60
+    assert not _children()
