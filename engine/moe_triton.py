@@ -70,6 +70,50 @@ if triton is not None:
                      mask=live[:, None] & col_ok[None, :])
 
 
+if triton is not None:
+    @triton.jit
+    def _align_kernel(expert_ids, pairs, block_expert, n_pairs, n_experts, n_blocks,
+                      CHUNK: tl.constexpr, E_POW2: tl.constexpr, NB_POW2: tl.constexpr, BLOCK_M: tl.constexpr):
+        """One program does what `align_torch` does in ~25 small kernels: count each expert's pairs, lay the
+        experts out in whole blocks, place every pair at its expert's start plus its rank among that expert's
+        pairs (pairs in order), and name each block's expert. Pairs go in chunks of CHUNK; a pair's rank is the
+        count of its expert in the chunks before (one-hot against the running counts) plus those before it in
+        its own chunk."""
+        experts = tl.arange(0, E_POW2)
+        counts = tl.zeros((E_POW2,), dtype=tl.int32)
+        for c0 in range(0, n_pairs, CHUNK):
+            offs = c0 + tl.arange(0, CHUNK)
+            e = tl.load(expert_ids + offs, mask=offs < n_pairs, other=-1).to(tl.int32)
+            counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
+        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        ends = tl.cumsum(padded, axis=0)
+        starts = ends - padded
+        total = tl.sum(padded, axis=0)
+        # every slot a sentinel first; the barrier orders these stores before the pairs' own
+        for b0 in range(0, n_blocks * BLOCK_M, CHUNK):
+            slots = b0 + tl.arange(0, CHUNK)
+            tl.store(pairs + slots, tl.full((CHUNK,), 0, tl.int32) + n_pairs, mask=slots < n_blocks * BLOCK_M)
+        tl.debug_barrier()
+        seen = tl.zeros((E_POW2,), dtype=tl.int32)
+        rows = tl.arange(0, CHUNK)
+        for c0 in range(0, n_pairs, CHUNK):
+            offs = c0 + rows
+            live = offs < n_pairs
+            e = tl.load(expert_ids + offs, mask=live, other=-1).to(tl.int32)
+            onehot = (e[:, None] == experts[None, :]).to(tl.int32)                  # [CHUNK, E]
+            before = tl.sum(onehot * seen[None, :], axis=1)                           # in earlier chunks
+            same = (e[:, None] == e[None, :]) & (rows[None, :] < rows[:, None])       # earlier in this chunk
+            rank = before + tl.sum(same.to(tl.int32), axis=1)
+            dest = tl.sum(onehot * starts[None, :], axis=1) + rank
+            tl.store(pairs + dest, offs.to(tl.int32), mask=live)
+            seen += tl.sum(onehot, axis=0)
+        blocks = tl.arange(0, NB_POW2)
+        first = blocks * BLOCK_M
+        owner = tl.sum((ends[None, :] <= first[:, None]).to(tl.int32), axis=1)    # experts that end before it
+        owner = tl.where((first < total) & (owner < n_experts), owner, -1)
+        tl.store(block_expert + blocks, owner, mask=blocks < n_blocks)
+
+
 def max_blocks(n_pairs: int, n_experts: int, block_m: int = BLOCK_M) -> int:
     """Blocks enough for any routing: every expert's pairs rounded up to whole blocks."""
     return -(-n_pairs // block_m) + min(n_experts, n_pairs)
@@ -77,7 +121,22 @@ def max_blocks(n_pairs: int, n_experts: int, block_m: int = BLOCK_M) -> int:
 
 def align(expert_ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
     """Pairs (flat indices into `expert_ids`) sorted by expert into blocks of `block_m` (sentinel: the number of
-    pairs), and the expert of each block (-1: unused). Shapes depend only on the sizes: capturable."""
+    pairs), and the expert of each block (-1: unused). Shapes depend only on the sizes: capturable. One Triton
+    program (`_align_kernel`); `align_torch` is the same in torch ops."""
+    flat = expert_ids.reshape(-1).contiguous()
+    n = flat.numel()
+    nb = max_blocks(n, n_experts, block_m)
+    pairs = torch.empty(nb * block_m, dtype=torch.int32, device=flat.device)
+    block_expert = torch.empty(nb, dtype=torch.int32, device=flat.device)
+    _align_kernel[(1,)](flat, pairs, block_expert, n, n_experts, nb, CHUNK=128,
+                        E_POW2=triton.next_power_of_2(n_experts), NB_POW2=triton.next_power_of_2(nb),
+                        BLOCK_M=block_m, num_warps=4)
+    return pairs, block_expert
+
+
+def align_torch(expert_ids: torch.Tensor, n_experts: int,
+                block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
+    """`align` in torch ops (about 25 small kernels): the reference the kernel is checked against."""
     flat = expert_ids.reshape(-1)
     n = flat.numel()
     nb = max_blocks(n, n_experts, block_m)

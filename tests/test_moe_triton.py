@@ -50,6 +50,17 @@ def test_align_places_every_pair_once_in_a_block_of_its_expert(tokens, top_k, ex
     assert sorted(seen) == list(range(n))
 
 
+@pytest.mark.parametrize("tokens, top_k, experts", [(1, 2, 4), (40, 3, 5), (256, 8, 128), (3, 8, 64)])
+def test_the_align_kernel_places_pairs_as_the_torch_ops_do(tokens, top_k, experts):
+    """One Triton program against the ~25 torch ops it replaces: the same slots, the same block experts (pairs
+    of an expert in their order), across chunk boundaries (256 x 8 pairs)."""
+    index, _ = _routing(tokens, top_k, experts, seed=experts)
+    device = "cuda" if HAS_CUDA else "cpu"
+    got = moe_triton.align(index.to(device), experts)
+    want = moe_triton.align_torch(index.to(device), experts)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 class _Experts(torch.nn.Module):
     """The experts layout transformers' Qwen3-MoE and Mixtral use, with its eager forward as the reference."""
 
