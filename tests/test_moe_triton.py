@@ -32,8 +32,9 @@ def _routing(tokens: int, top_k: int, experts: int, seed: int, device="cpu"):
 
 @pytest.mark.parametrize("tokens, top_k, experts", [(1, 2, 4), (5, 2, 8), (32, 8, 128), (40, 3, 5)])
 def test_align_places_every_pair_once_in_a_block_of_its_expert(tokens, top_k, experts):
-    index, _ = _routing(tokens, top_k, experts, seed=tokens)
+    index, _ = _routing(tokens, top_k, experts, seed=tokens, device="cuda" if HAS_CUDA else "cpu")
     pairs, block_expert = moe_triton.align(index, experts)
+    pairs, block_expert, index = pairs.cpu(), block_expert.cpu(), index.cpu()
     n = tokens * top_k
     bm = moe_triton.BLOCK_M
     assert pairs.numel() == moe_triton.max_blocks(n, experts) * bm == block_expert.numel() * bm
