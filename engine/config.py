@@ -31,7 +31,8 @@ class EngineConfig:
     seed: int = 0
     attention: str = "auto"         # "auto" | "torch" | "triton"
     cuda_graphs: bool = True        # decode steps replay CUDA graphs where the attention path allows it
-    fused_kernels: bool = True      # on CUDA with Triton: fused RMSNorm, rotary and SiLU*up kernels for eager ops
+    fused_kernels: bool = True      # CUDA with Triton: fused RMSNorm, rotary and SiLU*up kernels for eager ops;
+                                    # CPU: linear weights prepacked for oneDNN (engine.cpu_gemm)
     merge_projections: bool = True  # one GEMM for q/k/v and one for gate/up per layer (engine.projections)
     tensor_parallel_size: int = 1   # ranks (one process and one GPU each) the model's layers are split over
 

@@ -49,8 +49,11 @@ class MergedWeight:
             self.bounds.append((start, end))
             start = end
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.packed = None          # on a CPU, the merged weight prepacked for oneDNN (engine.cpu_gemm)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+            return self.packed(x)
         return F.linear(x, self.weight, self.bias)
 
 
