@@ -1,6 +1,8 @@
 """Summaries: the formulas, busy % from a union of intervals, the floor, recordings and an A/B comparison."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from batchscope.telemetry import Telemetry, compare, percentiles, request_metrics, summarize
@@ -83,17 +85,24 @@ def run_burst(eng, n=8):
 
 
 def test_recordings_compare_sync_with_async():
-    # realtime: recordings start and stop by the wall clock, so the steps must happen on it too
+    # realtime: recordings start and stop by the wall clock, so the steps must happen on it too. A full
+    # collection of the test process's heap (hundreds of ms after the browser tests) inside a recording would
+    # stretch its window, so the collector waits until both are made.
     eng = SyntheticEngine(gpu=True, mode="sync", compute_us=1500, realtime=True)
     tel = Telemetry(eng, nvml_hz=0, bandwidth_gbps=100.0)
-    tel.start_recording("sync")
-    run_burst(eng)
-    a = tel.stop_recording()
-    eng.set_mode("async")
-    eng.iterate()                      # the switch happens at the next step boundary
-    tel.start_recording("async")
-    run_burst(eng)
-    b = tel.stop_recording()
+    gc.collect()
+    gc.disable()
+    try:
+        tel.start_recording("sync")
+        run_burst(eng)
+        a = tel.stop_recording()
+        eng.set_mode("async")
+        eng.iterate()                      # the switch happens at the next step boundary
+        tel.start_recording("async")
+        run_burst(eng)
+        b = tel.stop_recording()
+    finally:
+        gc.enable()
     assert tel.recordings() == ["sync", "async"]
     assert a["recording"] == "sync" and a["modes"] == {"sync": a["steps"]}
     assert b["modes"] == {"async": b["steps"]}

@@ -50,7 +50,8 @@ export const state = {
   gen: 0,                                   // bumped when drawn data (steps, NVML, switches) arrives
   stepGen: 0,                               // bumped when steps or switches arrive (NVML alone does not)
   dropped: 0,                               // frames the server dropped for this viewer
-  shownRange: null,                         // the [lo, hi] of the last picture drawn
+  shownRange: null,                         // the [lo, hi] of the last picture planned (it draws in slices)
+  ganttRange: null,                         // the [lo, hi] the Gantt on screen shows
   renders: 0,
   renderCost: 20,                           // ms per picture, smoothed: the redraw period follows it
 };

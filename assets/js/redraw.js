@@ -177,7 +177,7 @@ function runOne(task, snap) {
   if (!el) return;
   stale.delete(task);
   if (unchanged(task, snap)) return;
-  if (task === "bs-gantt") { if (snap.gantt) showGantt(snap.gantt); }
+  if (task === "bs-gantt") { if (snap.gantt) { showGantt(snap.gantt); state.ganttRange = [snap.lo, snap.hi]; } }
   else if (movable(task, snap, el)) moveRange(el, snap.lo, snap.hi);
   else drawChart(task, snap.ctx || (snap.ctx = chartContext(snap.d, snap.lo, snap.hi)));
   shown.set(task, { key: snap.key, data: snap.data, lo: snap.lo, hi: snap.hi, stepGen: snap.stepGen, width: el.clientWidth,

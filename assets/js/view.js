@@ -23,8 +23,9 @@ export function togglePause() {
   const view = state.view;
   if (view.source !== "live") return;
   if (view.follow) {
-    // freeze exactly what is on screen: no jump
-    view.range = (state.shownRange || currentRange(currentData())).slice();
+    // freeze exactly what is on screen: no jump. A picture still being drawn in slices was planned for a newer
+    // window than the Gantt shows; `changed` drops the rest of it
+    view.range = (state.ganttRange || state.shownRange || currentRange(currentData())).slice();
     view.follow = false;
     view.paused = true;
   } else {
