@@ -5,7 +5,8 @@ workload, each set against the memory-bandwidth floor of a decode step.
         --modes sync,async --baseline transformers --out bench.json
 
 What it does, in order (docs/BENCHMARKS.md has the method in full):
-  1. times a large device-to-device copy (bytes read + written) -> the copy bandwidth;
+  1. times a large device-to-device copy (bytes read + written) -> the copy bandwidth, and a large GEMM -> the
+     compute peak the roofline floor uses;
   2. loads one Engine, attaches telemetry, warms every mode up on the real prompts (a few tokens, not timed);
   3. loads the same weights once more for transformers' `generate_batch` (sdpa) and warms each variant up;
   4. runs every system once per repeat, the order reversed on every other repeat, on the same seeded prompts
@@ -22,9 +23,11 @@ import argparse
 import dataclasses
 import datetime as _dt
 import hashlib
+import importlib.metadata
 import json
 import math
 import random
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -48,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
-                   help="split the model over N GPUs (the transformers baseline then uses tp_plan='auto')")
+                   help="split the model over N GPUs (the transformers baseline is then skipped)")
     p.add_argument("--requests", type=positive_int, default=32)
     p.add_argument("--prompt-tokens", type=positive_int, default=256, help="random token ids per prompt")
     p.add_argument("--new-tokens", type=positive_int, default=512, help="generated per request, EOS ignored")
@@ -107,6 +110,10 @@ def _complete(args) -> argparse.Namespace:
     return ns
 
 
+TP_BASELINE_SKIPPED = ("transformers' tensor-parallel path (tp_plan='auto') runs under torchrun, one process per "
+                       "GPU, from a checkpoint on disk: benchmarks/transformers_tp.py measures it on its own")
+
+
 def _say(msg: str) -> None:
     print(f"batchscope bench: {msg}", file=sys.stderr, flush=True)
 
@@ -156,10 +163,8 @@ def run_benchmark(args) -> dict:
         labels = list(args.modes)
         skipped = {}
         if args.baseline == "transformers" and config.tensor_parallel_size > 1:
-            skipped["transformers"] = ("transformers' tensor-parallel path (tp_plan='auto') runs under torchrun, "
-                                       "one process per GPU, and loads from a checkpoint on disk: "
-                                       "benchmarks/transformers_tp.py measures it on its own")
-            _say(f"skipping the transformers baseline: {skipped['transformers']}")
+            skipped["transformers"] = TP_BASELINE_SKIPPED
+            _say(f"skipping the transformers baseline: {TP_BASELINE_SKIPPED}")
         elif args.baseline == "transformers":
             _say("loading the same weights for transformers' generate_batch (sdpa)")
             tf = TransformersRunner(config, config.max_batch_tokens, per_request, args.requests, show,
@@ -272,10 +277,10 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
     return {
         "schema": BENCH_SCHEMA,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
+        "command": _command(),
         "args": {k: v for k, v in vars(args).items() if k != "func"},
         "device": info["device"], "gpu_name": info.get("gpu_name"),
-        "versions": {"torch": torch.__version__, "transformers": _transformers_version(),
+        "versions": {"torch": torch.__version__, "transformers": importlib.metadata.version("transformers"),
                      "cuda": torch.version.cuda},
         "engine_info": info, "engine_config": dataclasses.asdict(config),
         "transformers_config": {"num_blocks": tf.num_blocks, "max_batch_tokens": tf.max_batch_tokens,
@@ -302,6 +307,12 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
     }
 
 
+def _command() -> str:
+    """As a user would type it again, whatever path the script ran from (the CLI's own `bench` word dropped)."""
+    args = sys.argv[1:]
+    return shlex.join(["batchscope", "bench", *(args[1:] if args[:1] == ["bench"] else args)])
+
+
 def _timeline_path(out: str, name: str) -> Path:
     out = Path(out)
     return out.with_name(f"{out.stem}.{name}.timeline.json")
@@ -312,14 +323,6 @@ def _write_json(path: Path, obj) -> Path:
     with open(path, "w") as f:
         json.dump(obj, f, separators=(",", ":"))   # compact: a long run's timeline has tens of thousands of steps
     return path
-
-
-def _transformers_version() -> str | None:
-    try:
-        import transformers
-        return transformers.__version__
-    except Exception:
-        return None
 
 
 # ---------------------------------------------------------------------------------------------- output
