@@ -1,9 +1,9 @@
 """Prepacked weights for the CPU's GEMMs.
 
-A decode step multiplies a few rows by every weight, so on a CPU it is a stream of weights through the cores. MKL's
-sgemm (what `F.linear` runs) repacks the weight on every call and, at 8 rows, streamed SmolLM2-135M's 540 MB of
-float32 weights at about 10 GB/s on a 2-core Xeon, a quarter of what the memory gives a plain read (44 GB/s).
-oneDNN's linear on a weight reordered once into its blocked layout reads the same weights at about 40 GB/s.
+A decode step multiplies a few rows by every weight, so on a CPU it is a stream of weights through the cores. At 8
+rows, MKL's sgemm (what `F.linear` runs) streamed SmolLM2-135M's 538 MB of float32 weights at 11 GB/s on a 2-core
+VM, a quarter of what the memory gives a plain read (43 GB/s); oneDNN's linear on weights reordered once into its
+blocked layout streamed them at 31 GB/s (benchmarks/cpu_gemm_stream.py, docs/BENCHMARKS.md (d)).
 
 `pack_linears(model)` reorders each linear's weight once, after loading and merging (engine.projections): plain
 `nn.Linear` layers get a forward that runs oneDNN's linear on the packed copy, and merged q/k/v and gate/up
