@@ -9,22 +9,13 @@ import html
 from typing import Any, Callable
 
 from .schemas import ABStatus, BurstResults, LoadStatus
-from .ui_html import progress_html, results_html
+from .ui_html import _num, progress_html, results_html
 
 SAME_WITHIN = 0.02          # ratios within 2% of 1 read "about the same": run-to-run noise, not a verdict
 
 STOP_REASONS = {"stopped": "stopped on request", "duration": "reached its time bound",
                 "max_requests": "sent its request bound", "shutdown": "the server is shutting down",
                 "error": "failed"}
-
-
-def _num(v: Any, digits: int = 1) -> str:
-    if v is None:
-        return "–"
-    try:
-        return f"{float(v):,.{digits}f}"
-    except (TypeError, ValueError):
-        return html.escape(str(v))
 
 
 def _clock(seconds: float) -> str:

@@ -20,9 +20,19 @@ from __future__ import annotations
 
 import torch
 
+from .projections import _is_silu
+
+try:    # transformers' default SiLU(gate) * up, which `_gate` runs as one kernel (another version: its gate, unfused)
+    from transformers.integrations.moe import _default_apply_gate
+    _default_gate_code = _default_apply_gate.__code__
+except ImportError:
+    _default_gate_code = None
+
 try:
     import triton
     import triton.language as tl
+
+    from .fused import silu_mul
 except Exception:       # pragma: no cover - no Triton: the module cannot be used, callers check `available`
     triton = None
 
@@ -208,15 +218,8 @@ def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.
 
 def _gate(experts, gate_up: torch.Tensor) -> torch.Tensor:
     """The experts' own gate; SiLU(gate) * up as one kernel where that is what it computes."""
-    from .fused import silu_mul
-    from .projections import _is_silu
-    try:
-        from transformers.integrations.moe import _default_apply_gate
-    except ImportError:         # another transformers: its gate, unfused
-        return experts._apply_gate(gate_up)
-
-    if getattr(type(experts)._apply_gate, "__code__", None) is _default_apply_gate.__code__ \
-            and _is_silu(getattr(experts, "act_fn", None)):
+    if _default_gate_code is not None and _is_silu(getattr(experts, "act_fn", None)) \
+            and getattr(type(experts)._apply_gate, "__code__", None) is _default_gate_code:
         out = silu_mul(gate_up, gate_up.shape[-1] // 2)
         if out is not None:
             return out
