@@ -1,7 +1,7 @@
 """Where a decode step's GPU time goes: torch.profiler over steady decode steps, kernels grouped by kind.
 
     python benchmarks/decode_profile.py [--model llama3-8b-random] [--requests 32] [--prompt-tokens 256]
-        [--mode async] [--steps 30] [--merge-projections 0|1] [--out profile.json]
+        [--mode async] [--steps 30] [--merge-projections 0|1] [--top 25] [--out profile.json]
 
 The engine decodes `--requests` requests at once; once every request is decoding, the profiler records about
 `--steps` steps. Kernels are grouped by name into GEMM, attention, norm, rotary, activation, elementwise and
@@ -52,6 +52,7 @@ def main() -> None:
     p.add_argument("--mode", default="async")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--merge-projections", type=int, default=1)
+    p.add_argument("--top", type=int, default=25, help="how many kernels, by time, to list by name")
     p.add_argument("--out", default=os.path.join(os.environ["OUT"], "profile.json")
                    if os.environ.get("OUT") else None)
     args = p.parse_args()
@@ -92,7 +93,7 @@ def main() -> None:
                    for g, v in sorted(by_group.items(), key=lambda kv: -kv[1][0])},
         "top_kernels": [{"name": n[:160], "us_per_step": round(v[0] / steps, 1),
                          "calls_per_step": round(v[1] / steps, 1)}
-                        for n, v in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:25]],
+                        for n, v in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:args.top]],
     }
     engine.close()
     print(json.dumps({k: v for k, v in result.items() if k != "engine_info"}, indent=1))

@@ -8,8 +8,9 @@ kernel for each:
 
 - every RMSNorm module whose class is in `RMS_NORM_CLASSES` and whose forward is, op for op, the one in
   `_rms_norm_eager` below gets a per-instance forward running `rms_norm` (the Qwen3 q/k norms over head_dim too);
-- the module-level `apply_rotary_pos_emb` of the modeling files in `ROTARY_MODULES` that the model uses is replaced by
-  `apply_rotary`, which handles q and k in one launch.
+- the module-level `apply_rotary_pos_emb` of each transformers modeling file the model uses is replaced by
+  `apply_rotary`, which handles q and k in one launch, where that function and its `rotate_half` are, op for op,
+  `_rotary_eager` and `_rotate_half_eager` below (Llama, Qwen2/3, Mistral, Mixtral, Qwen3-MoE and their kin).
 
 Both reproduce transformers' rounding order (normalize in fp32, round to the input dtype, then multiply by the weight
 in the promoted dtype; round each product and the sum of rotary in the output dtype). Rotary matches the eager
@@ -43,7 +44,6 @@ RMS_NORM_CLASSES = frozenset({
     "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "Phi3RMSNorm", "GraniteRMSNorm", "GraniteMoeRMSNorm", "OlmoeRMSNorm",
     "GlmRMSNorm", "Glm4RMSNorm", "SmolLM3RMSNorm", "SeedOssRMSNorm", "DeepseekV3RMSNorm", "Ernie4_5RMSNorm",
 })
-ROTARY_MODULES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -77,15 +77,18 @@ def _rotary_eager(q, k, cos, sin, unsqueeze_dim=1):
 # The token count changes every step: no specialisation on it (== 1, divisible by 16), so a new batch size never
 # compiles a new kernel in the middle of serving. Strides follow the model's widths and stay specialised.
 @triton.jit(do_not_specialize=["n_rows"])
-def _rms_norm_kernel(x, w, out, n_rows, n_cols, stride_x, stride_out, eps,
+def _rms_norm_kernel(x, w, out, n_rows, n_cols, inner, stride_outer, stride_inner, stride_out, eps,
                      BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     # ROWS whole rows per program: a row of up to MAX_ROW elements stays in registers, so x is read once.
+    # Row r of x sits at (r // inner) * stride_outer + (r % inner) * stride_inner: the heads of a q or k slice
+    # of a merged q/k/v product (Qwen3's head norms) are rows too, read in place.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
     mask = (rows < n_rows)[:, None] & col_ok[None, :]
     rows = rows.to(tl.int64)
-    xv = tl.load(x + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_rows = (rows // inner) * stride_outer + (rows % inner) * stride_inner
+    xv = tl.load(x + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     variance = tl.sum(xv * xv, axis=1) / n_cols
     normed = xv * tl.math.rsqrt(variance + eps)[:, None]
     # transformers rounds the normalized row to the input dtype before the weight multiply
@@ -125,22 +128,35 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
             or weight.shape[0] != n or not 0 < n <= MAX_ROW or x.stride(-1) != 1
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return None
-    try:
-        rows = x.view(-1, n)            # every leading layout that flattens to evenly strided rows
-    except RuntimeError:
+    rows = _row_layout(x)
+    if rows is None or not weight.is_contiguous():
         return None
-    if not weight.is_contiguous():
-        return None
+    inner, stride_outer, stride_inner = rows
     out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
-    m = rows.shape[0]
+    m = x.numel() // n
     if m == 0:
         return out
     block_n, per_prog, num_warps = _rms_norm_launch_config(n)
     with _device_of(x):
         _rms_norm_kernel[(triton.cdiv(m, per_prog),)](
-            rows, weight, out, m, n, rows.stride(0), n, float(eps), BLOCK_N=block_n, ROWS=per_prog,
-            num_warps=num_warps)
+            x, weight, out, m, n, inner, stride_outer, stride_inner, n, float(eps), BLOCK_N=block_n,
+            ROWS=per_prog, num_warps=num_warps)
     return out
+
+
+def _row_layout(x: torch.Tensor) -> tuple[int, int, int] | None:
+    """(inner, stride_outer, stride_inner) such that row r of x (its last dim) starts at
+    (r // inner) * stride_outer + (r % inner) * stride_inner; None for layouts that do not fit."""
+    n = x.shape[-1]
+    try:
+        return 1, x.view(-1, n).stride(0), 0        # every leading layout that flattens to evenly strided rows
+    except RuntimeError:
+        pass
+    try:                                            # heads of a sliced [tokens, heads, head_dim] view
+        heads = x.view(-1, x.shape[-2], n)
+    except (RuntimeError, IndexError):
+        return None
+    return heads.shape[1], heads.stride(0), heads.stride(1)
 
 
 def _fused_rms_norm_forward(self, hidden_states):
@@ -308,9 +324,8 @@ def install_fused_kernels(model: torch.nn.Module, rotary: bool = True) -> list[s
         module.forward = types.MethodType(_fused_rms_norm_forward, module)
         patched.append(f"{name or '<root>'} ({cls.__name__})")
     if rotary:
-        for family in ROTARY_MODULES:
-            mod_name = f"transformers.models.{family}.modeling_{family}"
-            if mod_name not in families:
+        for mod_name in sorted(families):
+            if not mod_name.startswith("transformers.models."):
                 continue
             mod = importlib.import_module(mod_name)
             fn = getattr(mod, "apply_rotary_pos_emb", None)

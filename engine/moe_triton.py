@@ -18,8 +18,13 @@ MoE models (graphs.py); float32 keeps transformers' own experts (exactness tests
 """
 from __future__ import annotations
 
-import torch
+import os
+import types
 
+import torch
+import torch.nn.functional as F
+
+from .patching import same_code
 from .projections import _is_silu
 
 try:    # transformers' default SiLU(gate) * up, which `_gate` runs as one kernel (another version: its gate, unfused)
@@ -38,6 +43,7 @@ except Exception:       # pragma: no cover - no Triton: the module cannot be use
 
 NAME = "batchscope_fused"
 BLOCK_M = 16
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"    # CPU tests run the kernels in Triton's interpreter
 
 
 def available() -> bool:
@@ -82,46 +88,58 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
-    def _align_kernel(expert_ids, pairs, block_expert, n_pairs, n_experts, n_blocks,
-                      CHUNK: tl.constexpr, E_POW2: tl.constexpr, NB_POW2: tl.constexpr, BLOCK_M: tl.constexpr):
-        """One program does what `align_torch` does in ~25 small kernels: count each expert's pairs, lay the
-        experts out in whole blocks, place every pair at its expert's start plus its rank among that expert's
-        pairs (pairs in order), and name each block's expert. Pairs go in chunks of CHUNK; a pair's rank is the
-        count of its expert in the chunks before (one-hot against the running counts) plus those before it in
-        its own chunk."""
+    def _align_kernel(expert_ids, pairs, block_expert, scratch, n_pairs, n_experts, n_blocks,
+                      CHUNK: tl.constexpr, E_POW2: tl.constexpr, NB_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+                      SEARCH_STEPS: tl.constexpr):
+        """One program does what `align_torch` does in ~25 small kernels, with 1-D vectors only: count each
+        expert's pairs with atomics (a pair's rank among its expert's pairs is the count it found), lay the
+        experts out in whole blocks, place every pair at its expert's first slot plus its rank, and find each
+        block's expert by binary search over the experts' ends. Scratch: counts (then first slots), ends, ranks.
+
+        The ranks follow the atomics' arrival order, so the order of an expert's pairs inside its slots can
+        change from run to run; the GEMMs compute each row on its own and write it to its pair's row, so the
+        results cannot."""
         experts = tl.arange(0, E_POW2)
-        counts = tl.zeros((E_POW2,), dtype=tl.int32)
-        for c0 in range(0, n_pairs, CHUNK):
-            offs = c0 + tl.arange(0, CHUNK)
-            e = tl.load(expert_ids + offs, mask=offs < n_pairs, other=-1).to(tl.int32)
-            counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
-        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-        ends = tl.cumsum(padded, axis=0)
-        starts = ends - padded
-        total = tl.sum(padded, axis=0)
-        # every slot a sentinel first; the barrier orders these stores before the pairs' own
-        for b0 in range(0, n_blocks * BLOCK_M, CHUNK):
+        counts = scratch
+        ends = scratch + E_POW2
+        ranks = scratch + 2 * E_POW2
+        tl.store(counts + experts, tl.zeros((E_POW2,), dtype=tl.int32))
+        for b0 in range(0, n_blocks * BLOCK_M, CHUNK):          # every slot a sentinel first
             slots = b0 + tl.arange(0, CHUNK)
             tl.store(pairs + slots, tl.full((CHUNK,), 0, tl.int32) + n_pairs, mask=slots < n_blocks * BLOCK_M)
-        tl.debug_barrier()
-        seen = tl.zeros((E_POW2,), dtype=tl.int32)
-        rows = tl.arange(0, CHUNK)
+        tl.debug_barrier()        # (the barriers order one thread's global stores before another's loads)
         for c0 in range(0, n_pairs, CHUNK):
-            offs = c0 + rows
+            offs = c0 + tl.arange(0, CHUNK)
             live = offs < n_pairs
-            e = tl.load(expert_ids + offs, mask=live, other=-1).to(tl.int32)
-            onehot = (e[:, None] == experts[None, :]).to(tl.int32)                  # [CHUNK, E]
-            before = tl.sum(onehot * seen[None, :], axis=1)                           # in earlier chunks
-            same = (e[:, None] == e[None, :]) & (rows[None, :] < rows[:, None])       # earlier in this chunk
-            rank = before + tl.sum(same.to(tl.int32), axis=1)
-            dest = tl.sum(onehot * starts[None, :], axis=1) + rank
+            e = tl.load(expert_ids + offs, mask=live, other=0).to(tl.int32)
+            tl.store(ranks + offs, tl.atomic_add(counts + e, 1, mask=live), mask=live)
+        tl.debug_barrier()
+        count = tl.load(counts + experts, mask=experts < n_experts, other=0)
+        padded = (count + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        end = tl.cumsum(padded, axis=0)
+        total = tl.sum(padded, axis=0)
+        tl.debug_barrier()        # every count read before the counts become first slots
+        tl.store(counts + experts, end - padded)
+        tl.store(ends + experts, end)
+        tl.debug_barrier()
+        for c0 in range(0, n_pairs, CHUNK):
+            offs = c0 + tl.arange(0, CHUNK)
+            live = offs < n_pairs
+            e = tl.load(expert_ids + offs, mask=live, other=0).to(tl.int32)
+            dest = tl.load(counts + e, mask=live, other=0) + tl.load(ranks + offs, mask=live, other=0)
             tl.store(pairs + dest, offs.to(tl.int32), mask=live)
-            seen += tl.sum(onehot, axis=0)
-        blocks = tl.arange(0, NB_POW2)
-        first = blocks * BLOCK_M
-        owner = tl.sum((ends[None, :] <= first[:, None]).to(tl.int32), axis=1)    # experts that end before it
-        owner = tl.where((first < total) & (owner < n_experts), owner, -1)
-        tl.store(block_expert + blocks, owner, mask=blocks < n_blocks)
+        # a block's expert is the number of experts that end at or before its first slot
+        first = tl.arange(0, NB_POW2) * BLOCK_M
+        lo = tl.zeros((NB_POW2,), dtype=tl.int32)
+        hi = lo + n_experts
+        for _ in tl.static_range(SEARCH_STEPS):
+            active = lo < hi
+            mid = (lo + hi) // 2
+            right = tl.load(ends + mid, mask=active, other=0) <= first
+            lo = tl.where(active & right, mid + 1, lo)
+            hi = tl.where(active & ~right, mid, hi)
+        owner = tl.where((first < total) & (lo < n_experts), lo, -1)
+        tl.store(block_expert + tl.arange(0, NB_POW2), owner, mask=tl.arange(0, NB_POW2) < n_blocks)
 
 
 def max_blocks(n_pairs: int, n_experts: int, block_m: int = BLOCK_M) -> int:
@@ -132,15 +150,18 @@ def max_blocks(n_pairs: int, n_experts: int, block_m: int = BLOCK_M) -> int:
 def align(expert_ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
     """Pairs (flat indices into `expert_ids`) sorted by expert into blocks of `block_m` (sentinel: the number of
     pairs), and the expert of each block (-1: unused). Shapes depend only on the sizes: capturable. One Triton
-    program (`_align_kernel`); `align_torch` is the same in torch ops."""
+    program (`_align_kernel`); `align_torch` is the same in torch ops (the kernel may order the pairs of one
+    expert differently)."""
     flat = expert_ids.reshape(-1).contiguous()
     n = flat.numel()
     nb = max_blocks(n, n_experts, block_m)
+    e_pow2 = triton.next_power_of_2(n_experts)
     pairs = torch.empty(nb * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(nb, dtype=torch.int32, device=flat.device)
-    _align_kernel[(1,)](flat, pairs, block_expert, n, n_experts, nb, CHUNK=128,
-                        E_POW2=triton.next_power_of_2(n_experts), NB_POW2=triton.next_power_of_2(nb),
-                        BLOCK_M=block_m, num_warps=4)
+    scratch = torch.empty(2 * e_pow2 + n, dtype=torch.int32, device=flat.device)
+    _align_kernel[(1,)](flat, pairs, block_expert, scratch, n, n_experts, nb, CHUNK=512, E_POW2=e_pow2,
+                        NB_POW2=triton.next_power_of_2(nb), BLOCK_M=block_m,
+                        SEARCH_STEPS=n_experts.bit_length(), num_warps=4)
     return pairs, block_expert
 
 
@@ -203,7 +224,7 @@ def supports(experts: torch.nn.Module) -> bool:
 def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                           top_k_weights: torch.Tensor) -> torch.Tensor:
     """The experts' forward (transformers' experts interface signature) on the fused kernels."""
-    if not (hidden_states.is_cuda and supports(self)):
+    if not ((hidden_states.is_cuda or _INTERPRETED) and supports(self)):
         raise RuntimeError(f"{NAME}: these experts or inputs are not covered (CUDA, concatenated gate/up, no bias)")
     tokens, top_k = top_k_index.shape
     n_pairs = tokens * top_k
@@ -213,7 +234,7 @@ def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.
     act = _gate(self, gate_up)
     out = expert_gemm(act.contiguous(), self.down_proj, pairs, block_expert, n_pairs, 1,
                       route=top_k_weights.reshape(-1).contiguous())
-    return out.view(tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
+    return combine(out, top_k, hidden_states.dtype)
 
 
 def _gate(experts, gate_up: torch.Tensor) -> torch.Tensor:
@@ -237,3 +258,126 @@ def register() -> bool:
         return False
     ALL_EXPERTS_FUNCTIONS[NAME] = fused_experts_forward
     return True
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The top-k sum per token, and the router
+# --------------------------------------------------------------------------------------------------------------
+if triton is not None:
+    @triton.jit
+    def _combine_kernel(pair_out, out, n_cols, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+        # a token's top-k pair rows summed in fp32, in order, and rounded once (as torch's sum over them)
+        token = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < n_cols
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k in tl.static_range(TOP_K):
+            acc += tl.load(pair_out + (token * TOP_K + k) * n_cols + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out + token * n_cols + cols, acc.to(out.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _router_kernel(logits, weights, indices, n_experts, stride_l,
+                       TOP_K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr, NORM: tl.constexpr):
+        # one token per program: softmax in fp32, the top-k probabilities (largest first; a tie goes to the lower
+        # expert) and, with NORM, those divided by their sum
+        token = tl.program_id(0).to(tl.int64)
+        experts = tl.arange(0, E_POW2)
+        ok = experts < n_experts
+        x = tl.load(logits + token * stride_l + experts, mask=ok, other=float("-inf")).to(tl.float32)
+        p = tl.exp(x - tl.max(x, axis=0))
+        probs = tl.where(ok, p / tl.sum(p, axis=0), -1.0)
+        ks = tl.arange(0, K_POW2)
+        values = tl.zeros((K_POW2,), dtype=tl.float32)
+        picked = tl.zeros((K_POW2,), dtype=tl.int32)
+        for k in tl.static_range(TOP_K):
+            best = tl.max(probs, axis=0)
+            at = tl.min(tl.where(probs == best, experts, E_POW2), axis=0)
+            values = tl.where(ks == k, best, values)
+            picked = tl.where(ks == k, at, picked)
+            probs = tl.where(experts == at, -1.0, probs)
+        if NORM:
+            values = values / tl.sum(tl.where(ks < TOP_K, values, 0.0), axis=0)
+        tl.store(weights + token * TOP_K + ks, values.to(weights.dtype.element_ty), mask=ks < TOP_K)
+        tl.store(indices + token * TOP_K + ks, picked.to(tl.int64), mask=ks < TOP_K)
+
+
+def combine(pair_out: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """[tokens * top_k, n] pair rows -> [tokens, n]: each token's top_k rows summed, in `dtype`."""
+    n_pairs, n_cols = pair_out.shape
+    out = torch.empty(n_pairs // top_k, n_cols, dtype=dtype, device=pair_out.device)
+    if n_pairs:
+        block = min(1024, triton.next_power_of_2(n_cols))
+        _combine_kernel[(n_pairs // top_k, triton.cdiv(n_cols, block))](
+            pair_out, out, n_cols, TOP_K=top_k, BLOCK=block, num_warps=4)
+    return out
+
+
+def router_topk(logits: torch.Tensor, top_k: int, normalize: bool,
+                out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(logits) in fp32, its top_k (values largest first, int64 indices) and, when `normalize`, the values
+    over their sum; the values in `out_dtype`. One kernel for the five to seven torch ops of a router."""
+    tokens, n_experts = logits.shape
+    weights = torch.empty(tokens, top_k, dtype=out_dtype, device=logits.device)
+    indices = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
+    if tokens:
+        e_pow2 = triton.next_power_of_2(n_experts)
+        _router_kernel[(tokens,)](logits, weights, indices, n_experts, logits.stride(0), TOP_K=top_k,
+                                  K_POW2=triton.next_power_of_2(top_k), E_POW2=e_pow2, NORM=normalize,
+                                  num_warps=max(1, min(8, e_pow2 // 128)))
+    return weights, indices
+
+
+# transformers' routers that the kernel reproduces, kept here to compare bytecode against: Qwen2/3-MoE and OLMoE
+# (normalizing by a flag, scores in the logits' dtype), and Mixtral (always normalizing, fp32 scores).
+def _topk_router_eager(self, hidden_states):
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    router_logits = F.linear(hidden_states, self.weight)
+    router_probs = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)
+    router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+    if self.norm_topk_prob:
+        router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+    router_top_value = router_top_value.to(router_logits.dtype)
+    router_scores = router_top_value
+    return router_logits, router_scores, router_indices
+
+
+def _mixtral_router_eager(self, hidden_states):
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    router_logits = F.linear(hidden_states, self.weight)
+    router_probs = torch.nn.functional.softmax(router_logits.float(), dim=-1)
+    router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+    router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+    router_scores = router_top_value
+    return router_logits, router_scores, router_indices
+
+
+def _fused_router_forward(self, hidden_states):
+    x = hidden_states.reshape(-1, self.hidden_dim)
+    # bf16/fp16 only: float32 keeps transformers' ops, which the exactness tests compare token for token
+    if not ((x.is_cuda or _INTERPRETED) and x.dtype in (torch.bfloat16, torch.float16)
+            and self.weight.dtype == x.dtype and self.top_k <= self.weight.shape[0]):
+        return type(self).forward(self, hidden_states)
+    logits = F.linear(x, self.weight)
+    mixtral = self.batchscope_router == "mixtral"
+    scores, indices = router_topk(logits, self.top_k, mixtral or bool(self.norm_topk_prob),
+                                  torch.float32 if mixtral else logits.dtype)
+    return logits, scores, indices
+
+
+def install_fused_router(model: torch.nn.Module) -> list[str]:
+    """Give every router whose forward is, op for op, one of the references above a forward on `router_topk`;
+    returns the patched module paths. Idempotent."""
+    if triton is None:
+        return []
+    patched = []
+    for name, module in model.named_modules():
+        if "forward" in module.__dict__ or not isinstance(getattr(module, "weight", None), torch.Tensor) \
+                or not isinstance(getattr(module, "top_k", None), int) or not hasattr(module, "hidden_dim"):
+            continue
+        for kind, reference in (("topk", _topk_router_eager), ("mixtral", _mixtral_router_eager)):
+            if same_code(type(module).forward, reference):
+                module.batchscope_router = kind
+                module.forward = types.MethodType(_fused_router_forward, module)
+                patched.append(f"{name} ({type(module).__name__})")
+                break
+    return patched

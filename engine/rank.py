@@ -94,7 +94,8 @@ def load_rank(config: EngineConfig, rank: int = 0) -> RankModel:
     installed: list[str] = []
     if fused:
         from .fused import install_fused_kernels    # lazy: Triton kernels compile only where they run
-        installed = install_fused_kernels(loaded.model)
+        from .moe_triton import install_fused_router
+        installed = install_fused_kernels(loaded.model) + install_fused_router(loaded.model)
     elif config.fused_kernels and device.type == "cpu":
         from .cpu_gemm import pack_linears           # the CPU's counterpart: weights prepacked for oneDNN
         installed = [f"packed {name}" for name in pack_linears(loaded.model)]

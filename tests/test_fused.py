@@ -7,6 +7,7 @@ Without a GPU the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1) o
 """
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from transformers.models.qwen3 import modeling_qwen3  # noqa: E402
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm  # noqa: E402
 
 from batchscope.engine import fused  # noqa: E402
+from batchscope.engine.patching import same_code  # noqa: E402
 
 INTERPRETED = type(fused._rms_norm_kernel).__name__ == "InterpretedFunction"
 interp = pytest.mark.skipif(not INTERPRETED, reason="CPU interpreter tests run where there is no CUDA device "
@@ -179,6 +181,13 @@ def test_rms_norm_mixed_dtypes_and_strided_rows_in_interpreter():
     module = norm_module(LlamaRMSNorm, 32, torch.bfloat16)
     wide = torch.randn(5, 80, generator=gen).to(torch.bfloat16)
     check_norm(module, wide[:, 8:40])
+    # Qwen3's head norms on the q slice of a merged q/k/v product: [B, T, heads, head_dim] rows read in place
+    module = norm_module(Qwen3RMSNorm, 16, torch.bfloat16)
+    merged = torch.randn(2, 3, (4 + 2 * 2) * 16, generator=gen).to(torch.bfloat16)
+    q = merged[..., :4 * 16].view(2, 3, 4, 16)
+    assert fused._row_layout(q) == (4, 128, 16)       # (heads, token stride, head stride)
+    check_norm(module, q)
+    check_norm(module, merged[..., 4 * 16:6 * 16].view(2, 3, 2, 16))
 
 
 @interp
@@ -234,9 +243,15 @@ def test_install_patches_only_matching_modules_and_uninstalls():
         "llama": LlamaRMSNorm(16), "qwen3": Qwen3RMSNorm(8), "gemma": GemmaRMSNorm(16),
         "linear": torch.nn.Linear(4, 4)})
     patched = fused.install_fused_kernels(model)
-    assert patched == ["llama (LlamaRMSNorm)", "qwen3 (Qwen3RMSNorm)",
-                       "transformers.models.llama.modeling_llama.apply_rotary_pos_emb",
-                       "transformers.models.qwen3.modeling_qwen3.apply_rotary_pos_emb"]
+    assert patched[:2] == ["llama (LlamaRMSNorm)", "qwen3 (Qwen3RMSNorm)"]
+    rotary = patched[2:]
+    assert "transformers.models.llama.modeling_llama.apply_rotary_pos_emb" in rotary
+    assert "transformers.models.qwen3.modeling_qwen3.apply_rotary_pos_emb" in rotary
+    # a modeling file is patched only where its rotary is transformers' standard one, op for op
+    for name in rotary:
+        original = getattr(importlib.import_module(name.rsplit(".", 1)[0]), "apply_rotary_pos_emb")
+        assert same_code(original.batchscope_original, fused._rotary_eager)
+    assert not any("torch" in name.split(".")[0] for name in rotary)
     assert "forward" in model["llama"].__dict__ and "forward" not in model["gemma"].__dict__
     assert modeling_qwen3.apply_rotary_pos_emb.batchscope_original is not None
     assert fused.install_fused_kernels(model) == patched[2:]   # idempotent: norms already fused
@@ -246,12 +261,18 @@ def test_install_patches_only_matching_modules_and_uninstalls():
 
 
 def _tiny(kind: str, dtype: torch.dtype, device: str = "cpu"):
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
     common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   initializer_range=0.2, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
-    cfg = LlamaConfig(**common) if kind == "llama" else Qwen3Config(head_dim=16, **common)
+    if kind == "llama":
+        cfg = LlamaConfig(**common)
+    elif kind == "qwen3":
+        cfg = Qwen3Config(head_dim=16, **common)
+    else:
+        cfg = Qwen3MoeConfig(head_dim=16, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                             **common)
     torch.manual_seed(3)
     return AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(device).eval().requires_grad_(False)
 
@@ -271,7 +292,7 @@ def _check_model_unchanged(kind, dtype, device, new_tokens):
         ref_tokens = _greedy(model, prompt, new_tokens)
         ref_logits = model(ids).logits
     patched = fused.install_fused_kernels(model)
-    assert sum("RMSNorm" in p for p in patched) == (5 if kind == "llama" else 9)   # Qwen3 adds q/k norms
+    assert sum("RMSNorm" in p for p in patched) == (5 if kind == "llama" else 9)   # Qwen3s add q/k norms
     assert f"transformers.models.{kind}.modeling_{kind}.apply_rotary_pos_emb" in patched
     calls = []
     kernel = fused.apply_rotary
@@ -290,7 +311,7 @@ def _check_model_unchanged(kind, dtype, device, new_tokens):
 
 
 @interp
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "qwen3_moe"])
 def test_tiny_model_greedy_output_unchanged_in_interpreter(kind):
     _check_model_unchanged(kind, torch.float32, "cpu", 6)
 
@@ -320,7 +341,8 @@ def build(kernel, signature, constants, warps, **options):
 for n, dt in ((4096, "bf16"), (128, "bf16"), (100, "fp32")):
     block_n, rows, warps = fused._rms_norm_launch_config(n)
     build(fused._rms_norm_kernel, {"x": "*" + dt, "w": "*" + dt, "out": "*" + dt, "n_rows": "i32",
-          "n_cols": "i32", "stride_x": "i32", "stride_out": "i32", "eps": "fp32", "BLOCK_N": "constexpr",
+          "n_cols": "i32", "inner": "i32", "stride_outer": "i32", "stride_inner": "i32", "stride_out": "i32",
+          "eps": "fp32", "BLOCK_N": "constexpr",
           "ROWS": "constexpr"}, {"BLOCK_N": block_n, "ROWS": rows}, warps)
 ints = ["seq_len", "q_heads", "k_heads", "sq_b", "sq_h", "sq_t", "sk_b", "sk_h", "sk_t", "oq_b", "oq_h", "oq_t",
         "ok_b", "ok_h", "ok_t", "sc_b", "sc_t", "ss_b", "ss_t"]
@@ -396,7 +418,7 @@ def test_gpu_kernels_replay_in_a_cuda_graph_without_host_syncs():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "qwen3_moe"])
 @gpu
 def test_gpu_tiny_model_greedy_output_unchanged(kind, dtype):
     _check_model_unchanged(kind, dtype, "cuda", 16)

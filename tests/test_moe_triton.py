@@ -53,13 +53,23 @@ def test_align_places_every_pair_once_in_a_block_of_its_expert(tokens, top_k, ex
 
 @pytest.mark.parametrize("tokens, top_k, experts", [(1, 2, 4), (40, 3, 5), (256, 8, 128), (3, 8, 64)])
 def test_the_align_kernel_places_pairs_as_the_torch_ops_do(tokens, top_k, experts):
-    """One Triton program against the ~25 torch ops it replaces: the same slots, the same block experts (pairs
-    of an expert in their order), across chunk boundaries (256 x 8 pairs)."""
+    """One Triton program against the ~25 torch ops it replaces: the same block experts and, block by block, the
+    same pairs in the same slots up to their order inside an expert's slots (the kernel's ranks come from
+    atomics), across chunk boundaries (256 x 8 pairs)."""
     index, _ = _routing(tokens, top_k, experts, seed=experts)
     device = "cuda" if HAS_CUDA else "cpu"
-    got = moe_triton.align(index.to(device), experts)
-    want = moe_triton.align_torch(index.to(device), experts)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    got = [t.cpu() for t in moe_triton.align(index.to(device), experts)]
+    want = [t.cpu() for t in moe_triton.align_torch(index.to(device), experts)]
+    assert torch.equal(got[1], want[1])
+    bm = moe_triton.BLOCK_M
+    for e in range(experts):          # each expert's slot range: same pairs, then the same sentinels
+        slots = torch.cat([torch.arange(b * bm, (b + 1) * bm) for b in (want[1] == e).nonzero().flatten()]
+                          or [torch.empty(0, dtype=torch.long)])
+        g, w = got[0][slots], want[0][slots]
+        assert torch.equal(g.sort().values, w.sort().values), e
+        assert torch.equal(g == tokens * top_k, w == tokens * top_k), e
+    unused = (want[1] < 0).repeat_interleave(bm)
+    assert torch.equal(got[0][unused], want[0][unused])
 
 
 class _Experts(torch.nn.Module):
@@ -103,8 +113,85 @@ def test_the_kernel_gives_the_experts_forward_in_the_interpreter():
     act = experts._apply_gate(gate_up)
     out = moe_triton.expert_gemm(act, experts.down_proj, pairs, block_expert, n, a_div=1,
                                  route=weights.reshape(-1).contiguous())
-    got = out.view(5, 2, -1).sum(1)
+    got = moe_triton.combine(out, 2, torch.float32)
+    torch.testing.assert_close(got, out.view(5, 2, -1).sum(1), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got, experts.reference(x, index, weights), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(moe_triton.fused_experts_forward(experts, x, index, weights), got)
+
+
+def _router_reference(logits, top_k, normalize, out_dtype):
+    probs = torch.softmax(logits.float(), dim=-1)
+    values, index = probs.topk(top_k, dim=-1)
+    if normalize:
+        values = values / values.sum(-1, keepdim=True)
+    return values.to(out_dtype), index
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, normalize, out_dtype", [
+    (32, 128, 8, True, torch.bfloat16),      # Qwen3-30B-A3B
+    (5, 8, 2, True, torch.float32),          # Mixtral: fp32 scores
+    (3, 60, 4, False, torch.bfloat16),       # Qwen2-MoE without normalizing, experts not a power of two
+    (0, 16, 2, True, torch.bfloat16)])
+def test_router_kernel_gives_softmax_topk_and_normalize(tokens, experts, top_k, normalize, out_dtype):
+    device = "cuda" if HAS_CUDA else "cpu"
+    g = torch.Generator().manual_seed(tokens + experts)
+    logits = (torch.randn(tokens, experts, generator=g) * 2).to(torch.bfloat16).to(device)
+    weights, index = moe_triton.router_topk(logits, top_k, normalize, out_dtype)
+    want_w, want_i = _router_reference(logits, top_k, normalize, out_dtype)
+    assert weights.dtype == out_dtype and index.dtype == torch.int64 and index.shape == (tokens, top_k)
+    # the same probabilities, largest first; among equal bf16 logits the kernel takes the lower expert, where
+    # torch's topk picks either way (its CPU and CUDA kernels differ)
+    probs = torch.softmax(logits.float(), dim=-1)
+    assert torch.equal(probs.gather(-1, index), probs.gather(-1, want_i))
+    ties = probs.gather(-1, index)[:, :-1] == probs.gather(-1, index)[:, 1:]
+    assert (index[:, :-1] < index[:, 1:])[ties].all()
+    # the kernel's exp and sum order differ from torch's in the last fp32 bits: within one rounding of the dtype
+    tol = 2 ** -7 if out_dtype == torch.bfloat16 else 1e-6
+    torch.testing.assert_close(weights.float(), want_w.float(), rtol=tol, atol=tol)
+
+
+def _tiny_moe(kind: str, dtype: torch.dtype, device: str):
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
+
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, num_experts_per_tok=2, initializer_range=0.2,
+                  bos_token_id=None, eos_token_id=None)
+    cfg = (Qwen3MoeConfig(head_dim=16, moe_intermediate_size=32, num_experts=8, **common) if kind == "qwen3_moe"
+           else MixtralConfig(num_local_experts=8, **common))
+    torch.manual_seed(5)
+    return AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(device).eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_routers_are_fused_where_their_code_is_the_reference(kind):
+    """Qwen3-MoE's and Mixtral's routers get the kernel (and the layer's tokens keep their experts); float32
+    inputs and plain linears are left to transformers."""
+    device = "cuda" if HAS_CUDA else "cpu"
+    model = _tiny_moe(kind, torch.bfloat16, device)
+    x = (torch.randn(1, 6, 64, generator=torch.Generator().manual_seed(0)) * 2).to(torch.bfloat16).to(device)
+    router = model.model.layers[0].mlp.gate
+    with torch.inference_mode():
+        want = router(x)
+        patched = moe_triton.install_fused_router(model)
+        assert patched == [f"model.layers.{i}.mlp.gate ({type(router).__name__})" for i in range(2)]
+        assert moe_triton.install_fused_router(model) == []          # idempotent
+        got = router(x)
+        assert torch.equal(got[0], want[0])
+        probs = torch.softmax(got[0].float(), dim=-1)
+        assert torch.equal(probs.gather(-1, got[2]), probs.gather(-1, want[2]))   # ties: either expert
+        assert got[1].dtype == want[1].dtype
+        torch.testing.assert_close(got[1].float(), want[1].float(), rtol=2 ** -7, atol=2 ** -7)
+        calls = []
+        kernel = moe_triton.router_topk
+        moe_triton.router_topk = lambda *a: calls.append(1) or kernel(*a)
+        try:
+            router(x.float().to(torch.bfloat16))
+            assert calls, "the bf16 router did not run the kernel"
+            calls.clear()
+            router.float()(x.float())
+            assert not calls, "a float32 router must keep transformers' ops"
+        finally:
+            moe_triton.router_topk = kernel
 
 
 @gpu
