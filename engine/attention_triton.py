@@ -31,9 +31,12 @@ LOG2E = 1.4426950408889634
 # 128 beat 256, 512 and 1024 over contexts 300..8448 at batch 32.)
 MIN_KEYS_PER_SPLIT = 128
 MAX_SPLITS = 64
-# Aim for about this many decode programs per SM so that HBM has enough loads in flight: more only adds
-# partial-output traffic and merge work (at batch 32 x 8 KV heads, 4 splits beat 9 and 16 at every context).
-PROGRAMS_PER_SM = 8
+# Split a decode until there are about this many programs per SM, no further: more only adds partial-output
+# traffic and merge work. Up to that many programs, each streams 128-key tiles; with more (large batches), 64-key
+# tiles three stages deep. (benchmarks/decode_batch_sweep.py on an H200, batches 1-256, contexts 300-16000: at
+# batch 32 one split of 128-key tiles read the cache at 1.03-1.90x the floor where 4 splits of 64 took 1.10-2.41x;
+# at batches 64-256, one split of 64-key tiles in 3 stages was best at every context.)
+PROGRAMS_PER_SM = 2
 DEFAULT_NUM_SMS = 132  # H200 / H100 SXM
 # Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) multiplies bf16/fp16 tiles as raw integer
 # bits; there the kernels upcast dot operands to fp32 (after the same bf16 rounding of p the GPU does).
@@ -312,6 +315,7 @@ def _pow2(n: int) -> int:
 
 
 @functools.cache
+@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -329,6 +333,14 @@ def _dot_f32(dtype: torch.dtype) -> bool:
 
 def _decode_block_n(dtype: torch.dtype, head_dim: int) -> int:
     return 64 if (dtype != torch.float32 and head_dim <= 128) else 32
+
+
+def decode_tile(dtype: torch.dtype, head_dim: int, programs: int, num_sms: int = DEFAULT_NUM_SMS) -> tuple[int, int]:
+    """(block_n, num_stages) of the decode kernel for a grid of `programs` (see PROGRAMS_PER_SM)."""
+    block_n = _decode_block_n(dtype, head_dim)
+    if block_n < 64:
+        return block_n, 2           # fp32 (exact dots) and wide heads keep small tiles: registers
+    return (128, 2) if programs <= PROGRAMS_PER_SM * num_sms else (64, 3)
 
 
 def decode_splits(max_model_len: int, block_size: int, batch_size: int | None = None,
@@ -388,7 +400,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if num_splits is None:
         num_splits = getattr(meta, "decode_splits", None) or decode_splits(
             meta.block_tables.shape[1] * block_size, block_size, B, KVH, _num_sms(q.device))
-    block_n = block_n or _decode_block_n(q.dtype, D)
+    tile_n, tile_stages = decode_tile(q.dtype, max(D, Dv), num_splits * KVH * B, _num_sms(q.device))
+    block_n = block_n or tile_n
     if out is None:
         out = torch.empty((T, H, Dv), dtype=q.dtype, device=q.device)
     if T == 0 or B == 0:
@@ -412,7 +425,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_SIZE=block_size, BLOCK_N=block_n,
         USE_WINDOW=bool(sliding_window), SOFTCAP=bool(softcap), DIRECT_OUT=direct, PRECISION=_precision(q.dtype),
         DOT_F32=_dot_f32(q.dtype),
-        num_warps=num_warps, num_stages=num_stages or 2)   # 2 beat 3 at every context (decode_tuning.py)
+        num_warps=num_warps, num_stages=num_stages or tile_stages)
     if not direct:
         _decode_merge_kernel[(B, H)](
             part_out, part_lse, meta.query_start_loc, out, num_splits, out.stride(0), out.stride(1),

@@ -290,10 +290,19 @@ def test_decode_splits_fill_the_gpu_without_overshooting():
     assert at.decode_splits(128, 16) == 1
     assert at.decode_splits(4096, 16) == 4096 // at.MIN_KEYS_PER_SPLIT
     assert at.decode_splits(1 << 20, 16) == at.MAX_SPLITS
-    # A big batch already fills the SMs: fewer splits, less partial-output traffic.
-    assert at.decode_splits(8448, 16, batch_size=32, num_kv_heads=8, num_sms=132) == 4
-    assert at.decode_splits(8448, 16, batch_size=1, num_kv_heads=8, num_sms=132) == at.MAX_SPLITS
+    # Splits stop at about PROGRAMS_PER_SM programs per SM: a big batch fills the SMs without them.
+    assert at.decode_splits(8448, 16, batch_size=1, num_kv_heads=8, num_sms=132) == 2 * 132 // 8
+    assert at.decode_splits(8448, 16, batch_size=8, num_kv_heads=8, num_sms=132) == 4
+    assert at.decode_splits(8448, 16, batch_size=32, num_kv_heads=8, num_sms=132) == 1
     assert at.decode_splits(8448, 16, batch_size=1024, num_kv_heads=8, num_sms=132) == 1
+
+
+def test_decode_tile_is_wide_for_few_programs_and_deep_for_many():
+    assert at.decode_tile(torch.bfloat16, 128, programs=256, num_sms=132) == (128, 2)     # batch 32 x 8 KV heads
+    assert at.decode_tile(torch.bfloat16, 128, programs=2048, num_sms=132) == (64, 3)     # batch 256
+    assert at.decode_tile(torch.float16, 64, programs=512, num_sms=132) == (64, 3)
+    assert at.decode_tile(torch.float32, 128, programs=8, num_sms=132) == (32, 2)         # exact fp32 dots
+    assert at.decode_tile(torch.bfloat16, 192, programs=8, num_sms=132) == (32, 2)        # wide (MLA) heads
 
 
 # ------------------------------------------------------------------------------------------------ GPU
