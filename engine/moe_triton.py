@@ -10,11 +10,14 @@ bandwidth, and the step ran at 2.2x its routed floor (docs/BENCHMARKS.md, MoE). 
 2. `_expert_gemm_kernel`, once for gate/up and once for down: a program per (block, column tile) multiplies its
    block's rows (gathered from the token rows, or the pair rows) by its expert's weight tile, and writes them back
    to the pairs' rows; unused blocks return at once. The down pass multiplies by the routing weight.
-3. SiLU(gate) * up between them (engine.fused.silu_mul), and the top-k sum per token at the end, as the
-   experts' own forward does.
+3. SiLU(gate) * up between them (engine.fused.silu_mul), and the top-k sum per token at the end (`combine`), as
+   the experts' own forward does.
 
 Registered in transformers' ExpertsInterface as "batchscope_fused" and used by the decode graphs of bf16/fp16
 MoE models (graphs.py); float32 keeps transformers' own experts (exactness tests compare those).
+
+The router before them (softmax, top-k, renormalisation: five to seven torch ops) is one kernel too,
+`router_topk`, which `install_fused_router` gives to routers whose code is, op for op, transformers' own.
 """
 from __future__ import annotations
 
