@@ -315,7 +315,6 @@ def _pow2(n: int) -> int:
 
 
 @functools.cache
-@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count

@@ -21,7 +21,6 @@ The router before them (softmax, top-k, renormalisation: five to seven torch ops
 """
 from __future__ import annotations
 
-import os
 import types
 
 import torch
@@ -40,13 +39,12 @@ try:
     import triton
     import triton.language as tl
 
-    from .fused import silu_mul
+    from .fused import _usable, silu_mul
 except Exception:       # pragma: no cover - no Triton: the module cannot be used, callers check `available`
     triton = None
 
 NAME = "batchscope_fused"
 BLOCK_M = 16
-_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"    # CPU tests run the kernels in Triton's interpreter
 
 
 def available() -> bool:
@@ -227,7 +225,7 @@ def supports(experts: torch.nn.Module) -> bool:
 def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                           top_k_weights: torch.Tensor) -> torch.Tensor:
     """The experts' forward (transformers' experts interface signature) on the fused kernels."""
-    if not ((hidden_states.is_cuda or _INTERPRETED) and supports(self)):
+    if not (_usable(hidden_states) and supports(self)):
         raise RuntimeError(f"{NAME}: these experts or inputs are not covered (CUDA, concatenated gate/up, no bias)")
     tokens, top_k = top_k_index.shape
     n_pairs = tokens * top_k
@@ -357,8 +355,8 @@ def _mixtral_router_eager(self, hidden_states):
 def _fused_router_forward(self, hidden_states):
     x = hidden_states.reshape(-1, self.hidden_dim)
     # bf16/fp16 only: float32 keeps transformers' ops, which the exactness tests compare token for token
-    if not ((x.is_cuda or _INTERPRETED) and x.dtype in (torch.bfloat16, torch.float16)
-            and self.weight.dtype == x.dtype and self.top_k <= self.weight.shape[0]):
+    if not (_usable(x) and x.dtype != torch.float32 and self.weight.dtype == x.dtype
+            and self.top_k <= self.weight.shape[0]):
         return type(self).forward(self, hidden_states)
     logits = F.linear(x, self.weight)
     mixtral = self.batchscope_router == "mixtral"
