@@ -368,6 +368,9 @@ def test_a_five_megabyte_replay_shows_loading_feedback(server, browser, tmp_path
         assert "big.timeline.json" in text and "MB" in text, text
         page.wait_for_selector("#bs-scope[data-source='replay']", timeout=60_000)
         page.wait_for_selector("#bs-replay-loading", state="hidden", timeout=T)
+        # data-steps follows the last picture drawn, which may still be one planned from live data before the
+        # replay arrived: wait for the replay's own picture
+        page.wait_for_function(f"document.getElementById('bs-scope').dataset.steps === '{9 * 526}'", timeout=T)
         assert int(page.get_attribute("#bs-scope", "data-steps")) == 9 * 526
         assert page.text_content("#bs-conn") == "replay"
         assert not errors, errors
