@@ -160,6 +160,12 @@ def _row_layout(x: torch.Tensor) -> tuple[int, int, int] | None:
 
 
 def _fused_rms_norm_forward(self, hidden_states):
+    ahead = self.__dict__.get("batchscope_ahead")     # computed with the add before it (engine.residual_norm)
+    if ahead is not None:
+        self.batchscope_ahead = None
+        if ahead[0] is hidden_states and ahead[1] == (None if hidden_states.is_inference()
+                                                      else hidden_states._version):
+            return ahead[2]
     out = rms_norm(hidden_states, self.weight, self.variance_epsilon)
     return out if out is not None else type(self).forward(self, hidden_states)
 

@@ -95,7 +95,12 @@ def load_rank(config: EngineConfig, rank: int = 0) -> RankModel:
     if fused:
         from .fused import install_fused_kernels    # lazy: Triton kernels compile only where they run
         from .moe_triton import install_fused_router
+        from .residual_norm import install_residual_norms
         installed = install_fused_kernels(loaded.model) + install_fused_router(loaded.model)
+        installed += [f"{name} (residual adds with the norms)" for name in install_residual_norms(loaded.model)]
+        if device.type == "cuda":
+            from .skinny_gemm import install_skinny_gemms
+            installed += [f"{name} (few-row GEMM)" for name in install_skinny_gemms(loaded.model)]
     elif config.fused_kernels and device.type == "cpu":
         from .cpu_gemm import pack_linears           # the CPU's counterpart: weights prepacked for oneDNN
         installed = [f"packed {name}" for name in pack_linears(loaded.model)]
