@@ -50,10 +50,15 @@ class MergedWeight:
             start = end
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None
         self.packed = None          # on a CPU, the merged weight prepacked for oneDNN (engine.cpu_gemm)
+        self.skinny = None          # on CUDA, the few-row decode kernel where it beats cuBLAS (engine.skinny_gemm)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.device.type == "cpu" and x.dtype == torch.float32:
             return self.packed(x)
+        if self.skinny is not None:
+            out = self.skinny.linear(x)
+            if out is not None:
+                return out
         return F.linear(x, self.weight, self.bias)
 
 
