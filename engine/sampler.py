@@ -46,10 +46,10 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
            seeds: torch.Tensor, positions: torch.Tensor, any_random: bool, any_filter: bool) -> torch.Tensor:
     """logits [S, V] -> token ids [S]. `any_random`/`any_filter` are host facts about the batch that let
     all-greedy batches skip the noise and sort entirely."""
-    logits = logits.float()
-    greedy = logits.argmax(dim=-1)
+    greedy = logits.argmax(dim=-1)     # on the model's dtype: widening to fp32 keeps the order and the ties
     if not any_random:
         return greedy
+    logits = logits.float()
     scaled = logits / temperature.clamp(min=1e-6)[:, None]
     if any_filter:
         sorted_logits, order = scaled.sort(dim=-1, descending=True)
