@@ -27,7 +27,8 @@ if has overlap; then   # the quick engine checks: overlap from step traces, no h
 fi
 if has tests; then
   python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_gpu.py tests/test_attention_triton.py \
-    tests/test_fused.py tests/test_projections.py -rs 2>&1 | tee "$OUT/gpu_tests.log"
+    tests/test_fused.py tests/test_projections.py tests/test_residual_norm.py tests/test_skinny_gemm.py \
+    tests/test_model_matrix.py -rs 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 if has kernels; then
   python3 benchmarks/attention_kernels.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"

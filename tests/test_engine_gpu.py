@@ -62,6 +62,32 @@ def test_qwen3_greedy_equals_transformers_on_cuda(qwen3_checkpoint, dtype, atten
         assert_greedy_equivalent(ref_model, p, out.token_ids, ref, dtype)
 
 
+@pytest.fixture(scope="module")
+def llama_tiling_checkpoint(tmp_path_factory):
+    """A small random Llama whose projections tile for the few-row GEMM (hidden 256, MLP 512, vocab 2048)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    cfg = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      initializer_range=0.1, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None)
+    torch.manual_seed(2)
+    path = tmp_path_factory.mktemp("llama-tiling")
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_few_row_gemms_and_fused_residual_norms_keep_greedy_tokens_on_cuda(llama_tiling_checkpoint, dtype):
+    eng = _engine(llama_tiling_checkpoint, dtype, "triton")
+    assert sum("(few-row GEMM)" in f for f in eng.fused) == 3 * 4 + 1   # q/k/v, o, gate/up, down; the lm_head
+    assert sum("(residual adds with the norms)" in f for f in eng.fused) == 3
+    ref_model = _reference_model(llama_tiling_checkpoint, dtype)
+    prompts = random_prompts(12, 2048, 1, 60, seed=9)
+    for mode in ("sync", "async", "switch"):
+        outs = generate_in_mode(eng, prompts, SamplingParams(max_new_tokens=24, ignore_eos=True), mode)
+        for p, out in zip(prompts, outs):
+            assert_greedy_equivalent(ref_model, p, out.token_ids, reference_generate(ref_model, p, 24, None), dtype)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tiny_random_greedy_equals_transformers_on_cuda(dtype):
     from batchscope.engine.models import load_model
