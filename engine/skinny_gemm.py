@@ -86,23 +86,28 @@ def plan(weight: torch.Tensor, sms: int) -> tuple[int, int] | None:
     return None
 
 
-_scratch: dict[torch.device, torch.Tensor] = {}     # split-K partial sums, shared: GEMMs on a stream run in turn
+def scratch_size(weight: torch.Tensor, split_k: int, block_m: int = MAX_ROWS, block_n: int = BLOCK_N) -> int:
+    return split_k * block_m * weight.shape[0] if split_k > 1 else 1
 
 
 class SkinnyGemm:
     """`x @ weight.T` for x of at most MAX_ROWS rows, with its launch settings and split-K tile counters."""
 
     def __init__(self, weight: torch.Tensor, split_k: int, num_stages: int, block_m: int = MAX_ROWS,
-                 block_n: int = BLOCK_N, block_k: int = BLOCK_K, num_warps: int = 4):
+                 block_n: int = BLOCK_N, block_k: int = BLOCK_K, num_warps: int = 4,
+                 scratch: torch.Tensor | None = None):
+        """`scratch`: fp32 room for the split-K partial sums, which the GEMMs of one model share (they run one
+        after another on its stream); a captured graph keeps its address, so it lives as long as they do."""
         n, k = weight.shape
         if not weight.is_contiguous() or n % block_n or k % (split_k * block_k):
             raise ValueError(f"weight {tuple(weight.shape)} does not tile as {block_n} x {split_k * block_k}")
         self.weight, self.block_m, self.block_n, self.block_k, self.split_k = weight, block_m, block_n, block_k, split_k
         self.num_stages, self.num_warps = num_stages, num_warps
         dev = weight.device
-        need = split_k * block_m * n if split_k > 1 else 1
-        if dev not in _scratch or _scratch[dev].numel() < need:
-            _scratch[dev] = torch.empty(need, dtype=torch.float32, device=dev)
+        need = scratch_size(weight, split_k, block_m, block_n)
+        if scratch is None or scratch.numel() < need or scratch.device != dev:
+            scratch = torch.empty(need, dtype=torch.float32, device=dev)
+        self.scratch = scratch
         self.counters = torch.zeros(n // block_n, dtype=torch.int32, device=dev)
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,7 +120,7 @@ class SkinnyGemm:
         block_m = 16 if m <= 16 else self.block_m
         with _device_of(x):
             _skinny_gemm_kernel[(n // self.block_n, self.split_k)](
-                x, self.weight, out, _scratch[x.device], self.counters, m, n, k, x.stride(0), out.stride(0),
+                x, self.weight, out, self.scratch, self.counters, m, n, k, x.stride(0), out.stride(0),
                 SPLIT_K=self.split_k, BLOCK_M=block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
                 num_stages=self.num_stages, num_warps=self.num_warps)
         return out
@@ -143,28 +148,39 @@ def _skinny_linear_forward(self, x):
 
 
 def install_skinny_gemms(model: torch.nn.Module) -> list[str]:
-    """Give the planned bias-free bf16/fp16 linears (plain nn.Linear, and merged q/k/v weights of
+    """Give the planned bias-free bf16/fp16 linears (plain nn.Linear, and the merged q/k/v and gate/up weights of
     engine.projections) the kernel for inputs of at most MAX_ROWS rows; returns their names."""
     from .projections import MergedWeight
-    installed: list[str] = []
+    planned: list[tuple[str, object, torch.Tensor, tuple[int, int]]] = []
     merged_storage = {m.batchscope_merged.weight.untyped_storage().data_ptr() for m in model.modules()
                       if isinstance(getattr(m, "batchscope_merged", None), MergedWeight)}
+    seen: set[int] = set()
     for name, module in model.named_modules():
         merged = getattr(module, "batchscope_merged", None)
-        if isinstance(merged, MergedWeight) and merged.bias is None and merged.skinny is None:
+        if isinstance(merged, MergedWeight) and merged.bias is None and merged.skinny is None \
+                and id(merged) not in seen:
+            seen.add(id(merged))
             settings = _plannable(merged.weight)
             if settings:
-                merged.skinny = SkinnyGemm(merged.weight, *settings)
-                installed.append(f"{name} (merged)")
+                planned.append((f"{name} (merged)", merged, merged.weight, settings))
         if (type(module) is not torch.nn.Linear or module.bias is not None or "forward" in module.__dict__
                 or module.weight.untyped_storage().data_ptr() in merged_storage):   # part of a merged weight
             continue
         settings = _plannable(module.weight)
         if settings:
-            module.batchscope_skinny = SkinnyGemm(module.weight, *settings)
-            module.forward = types.MethodType(_skinny_linear_forward, module)
-            installed.append(name)
-    return installed
+            planned.append((name, module, module.weight, settings))
+    if not planned:
+        return []
+    scratch = torch.empty(max(scratch_size(w, s[0]) for _, _, w, s in planned), dtype=torch.float32,
+                          device=planned[0][2].device)
+    for name, owner, weight, settings in planned:
+        gemm = SkinnyGemm(weight, *settings, scratch=scratch)
+        if isinstance(owner, MergedWeight):
+            owner.skinny = gemm
+        else:
+            owner.batchscope_skinny = gemm
+            owner.forward = types.MethodType(_skinny_linear_forward, owner)
+    return [name for name, *_ in planned]
 
 
 def _plannable(weight: torch.Tensor) -> tuple[int, int] | None:
