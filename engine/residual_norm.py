@@ -25,6 +25,7 @@ import types
 import torch
 import triton
 import triton.language as tl
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from .fused import MAX_ROW, _device_of, _fused_rms_norm_forward, _rms_norm_launch_config, _usable
 
@@ -72,9 +73,9 @@ def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, norm) -> tuple[tor
     n = residual.shape[-1] if residual.dim() else 0
     weight = getattr(norm, "weight", None)
     if not (_fused_norm(norm) and _usable(residual) and delta.dtype == residual.dtype
+            and isinstance(weight, torch.Tensor) and _usable(weight)
             and delta.shape == residual.shape and delta.device == residual.device and residual.is_contiguous()
-            and delta.is_contiguous() and 0 < n <= MAX_ROW and isinstance(weight, torch.Tensor)
-            and weight.shape == (n,) and weight.is_contiguous() and weight.device == residual.device
+            and delta.is_contiguous() and 0 < n <= MAX_ROW and weight.shape == (n,) and weight.is_contiguous() and weight.device == residual.device
             and not (torch.is_grad_enabled() and (residual.requires_grad or delta.requires_grad
                                                   or weight.requires_grad))):
         total = residual + delta
@@ -95,21 +96,28 @@ def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, norm) -> tuple[tor
 def add_norm_ahead(residual: torch.Tensor, delta: torch.Tensor, next_norm) -> torch.Tensor:
     """residual + delta, with `next_norm`'s output on it computed in the same kernel and left on the module for
     its next call on this very tensor (see engine.fused._fused_rms_norm_forward)."""
-    if next_norm is None or not _fused_norm(next_norm):
-        return residual + delta
+    if next_norm is None or not _fused_norm(next_norm) or _global_forward_hooks or _global_forward_pre_hooks:
+        return residual + delta         # a global hook may change the sum before the norm reads it
     total, normed = add_rms_norm(residual, delta, next_norm)
     next_norm.batchscope_ahead = (total, _version(total), normed)
     return total
 
 
 def _version(t: torch.Tensor) -> int | None:
-    """The in-place-change counter; inference tensors keep none (`install_residual_norms` then relies on the
-    decoder's code changing nothing in place between the add and the norm)."""
+    """The in-place-change counter. Inference tensors keep none: then what stands between the add and the norm
+    must change nothing in place, which `install_residual_norms` checks of the decoder's code and
+    `_fused_layer_forward` of the hooks."""
     return None if t.is_inference() else t._version
 
 
 def _fused_layer_forward(self, hidden_states, *args, **kwargs):
     spec = self.batchscope_layer
+    if len(args) > len(spec["positional"]) or any(name in kwargs for name in spec["positional"][:len(args)]):
+        raise TypeError(f"{type(self).__name__}.forward() got too many or repeated arguments")
+    for old, new in spec["renamed"]:            # the layer's deprecate_kwarg renames, which this bypasses
+        if old in kwargs:
+            value = kwargs.pop(old)
+            kwargs.setdefault(new, value)
     passed = dict(spec["defaults"])
     passed.update(zip(spec["positional"], args))
     passed.update(kwargs)
@@ -118,7 +126,22 @@ def _fused_layer_forward(self, hidden_states, *args, **kwargs):
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, **passed)
     residual, hidden_states = add_rms_norm(residual, hidden_states, self.post_attention_layernorm)
     hidden_states = self.mlp(hidden_states)
+    next_layer = spec["next_layer"]
+    if self._forward_hooks or (next_layer is not None and next_layer._forward_pre_hooks):
+        return residual + hidden_states         # a hook between this add and the next norm may change the sum
     return add_norm_ahead(residual, hidden_states, spec["next_norm"])
+
+
+def _renamed_arguments(forward) -> list[tuple[str, str]]:
+    """(old, new) keyword renames of the transformers `deprecate_kwarg` wrappers around `forward`, read from
+    their closures; the fused forward applies them itself."""
+    renames = []
+    while hasattr(forward, "__wrapped__"):
+        cells = dict(zip(forward.__code__.co_freevars, (c.cell_contents for c in forward.__closure__ or ())))
+        if isinstance(cells.get("old_name"), str) and isinstance(cells.get("new_name"), str):
+            renames.append((cells["old_name"], cells["new_name"]))
+        forward = forward.__wrapped__
+    return renames
 
 
 def layer_spec(layer) -> dict | None:
@@ -153,7 +176,8 @@ def layer_spec(layer) -> dict | None:
                 return None
         elif ast.dump(got) != ast.dump(want):
             return None
-    return {"positional": [p.name for p in named], "next_norm": None,
+    return {"positional": [p.name for p in named], "next_norm": None, "next_layer": None,
+            "renamed": _renamed_arguments(type(layer).forward),
             "defaults": {p.name: p.default for p in named if p.default is not inspect.Parameter.empty}}
 
 
@@ -192,16 +216,18 @@ def install_residual_norms(model: torch.nn.Module) -> list[str]:
         if not _no_inplace_changes(decoder):
             continue
         final = getattr(decoder, "norm", None)
-        for i, layer in enumerate(layers):
-            if "forward" in layer.__dict__ or not all(
-                    _fused_norm(getattr(layer, n, None) or torch.nn.Module())
-                    for n in ("input_layernorm", "post_attention_layernorm")):
-                continue
-            spec = layer_spec(layer)
+        specs = [None if "forward" in layer.__dict__ or not all(
+                     _fused_norm(getattr(layer, n, None) or torch.nn.Module())
+                     for n in ("input_layernorm", "post_attention_layernorm")) else layer_spec(layer)
+                 for layer in layers]
+        for i, (layer, spec) in enumerate(zip(layers, specs)):
             if spec is None:
                 continue
-            after = getattr(layers[i + 1], "input_layernorm", None) if i + 1 < len(layers) else final
-            spec["next_norm"] = after if isinstance(getattr(after, "weight", None), torch.Tensor) else None
+            # the norm after the MLP add: a template layer's input norm (its first act), or the decoder's final one
+            if i + 1 < len(layers) and specs[i + 1] is not None:
+                spec["next_layer"], spec["next_norm"] = layers[i + 1], layers[i + 1].input_layernorm
+            elif i + 1 == len(layers) and isinstance(getattr(final, "weight", None), torch.Tensor):
+                spec["next_norm"] = final
             layer.batchscope_layer = spec
             layer.forward = types.MethodType(_fused_layer_forward, layer)
             installed.append(f"{name}.layers.{i}" if name else f"layers.{i}")

@@ -73,8 +73,10 @@ def plan(weight: torch.Tensor, sms: int) -> tuple[int, int] | None:
     attention's q/k/v and o, the MLP's down projection: cuBLAS runs them at 1.2-1.7x the copy-bandwidth floor, the
     down projection with a separate split-K reduction), as does one of many waves (the lm_head); in between (the
     MLP's gate/up, 3.4 waves) the last partial wave costs more than cuBLAS's own tiling does."""
+    if weight.dim() != 2 or not weight.is_contiguous():
+        return None
     n, k = weight.shape
-    if weight.dim() != 2 or not weight.is_contiguous() or n % BLOCK_N or k % (2 * BLOCK_K):
+    if n % BLOCK_N or k % (2 * BLOCK_K):
         return None
     tiles = n // BLOCK_N
     if tiles * 2 <= sms:

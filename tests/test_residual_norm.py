@@ -150,6 +150,52 @@ def test_tiny_model_greedy_output_unchanged_in_interpreter(kind):
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
+def _fused_tiny_llama():
+    model = _tiny("llama", torch.float32)
+    fused.install_fused_kernels(model)
+    assert residual_norm.install_residual_norms(model)
+    return model
+
+
+@interp
+def test_a_hook_that_changes_a_layer_output_in_place_is_seen_in_inference_mode():
+    """Inference tensors keep no version counter: with a hook between the add and the next norm, the norm is
+    computed from the tensor as the hook left it."""
+    ids = torch.tensor([[5, 17, 99, 3, 200, 41, 7]])
+    plain = _tiny("llama", torch.float32)
+    model = _fused_tiny_llama()
+    try:
+        for m in (plain, model):
+            m.model.layers[0].register_forward_hook(lambda mod, args, out: out.add_(1.0))
+        with torch.inference_mode():
+            assert (model(ids).logits - plain(ids).logits).abs().max().item() < 1e-4
+    finally:
+        residual_norm.uninstall_residual_norms(model)
+        fused.uninstall_fused_kernels(model)
+
+
+@interp
+def test_the_fused_layer_takes_its_arguments_as_the_original_does():
+    from transformers import DynamicCache
+    model = _fused_tiny_llama()
+    layer, plain = model.model.layers[0], _tiny("llama", torch.float32).model.layers[0]
+    x = torch.randn(1, 4, 64)
+    cos_sin = model.model.rotary_emb(x, torch.arange(4)[None])
+    try:
+        caches = []
+        for fwd in (layer, plain):   # the deprecated name still reaches the cache (deprecate_kwarg renames it)
+            cache = DynamicCache(config=model.config)
+            with torch.inference_mode():
+                fwd(x, position_embeddings=cos_sin, past_key_values=cache, use_cache=True)
+            caches.append(cache.get_seq_length())
+        assert caches == [4, 4]
+        with pytest.raises(TypeError):
+            layer(x, None, None, None, False, cos_sin, "one too many")
+    finally:
+        residual_norm.uninstall_residual_norms(model)
+        fused.uninstall_fused_kernels(model)
+
+
 @gpu
 @pytest.mark.parametrize("rows", [1, 32, 256])
 def test_gpu_add_rms_norm_matches_add_then_norm(rows):
