@@ -159,12 +159,28 @@ def _row_layout(x: torch.Tensor) -> tuple[int, int, int] | None:
     return heads.shape[1], heads.stride(0), heads.stride(1)
 
 
+def is_fused_norm(module) -> bool:
+    """Whether `module` runs the fused RMSNorm forward installed here."""
+    return getattr(getattr(module, "__dict__", {}).get("forward"), "__func__", None) is _fused_rms_norm_forward
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The in-place-change counter; inference tensors keep none (engine.residual_norm then guarantees that nothing
+    changes the tensor between `leave_ahead` and the norm's call)."""
+    return None if t.is_inference() else t._version
+
+
+def leave_ahead(norm, x: torch.Tensor, normed: torch.Tensor) -> None:
+    """Give a fused norm its output on `x`, computed elsewhere (with the add that made x, engine.residual_norm):
+    its next call returns it if that call is on this very tensor, unchanged."""
+    norm.batchscope_ahead = (x, _version(x), normed)
+
+
 def _fused_rms_norm_forward(self, hidden_states):
-    ahead = self.__dict__.get("batchscope_ahead")     # computed with the add before it (engine.residual_norm)
+    ahead = self.__dict__.get("batchscope_ahead")
     if ahead is not None:
         self.batchscope_ahead = None
-        if ahead[0] is hidden_states and ahead[1] == (None if hidden_states.is_inference()
-                                                      else hidden_states._version):
+        if ahead[0] is hidden_states and ahead[1] == _version(hidden_states):
             return ahead[2]
     out = rms_norm(hidden_states, self.weight, self.variance_epsilon)
     return out if out is not None else type(self).forward(self, hidden_states)
@@ -349,9 +365,9 @@ def uninstall_fused_kernels(model: torch.nn.Module | None = None) -> None:
     """Give back the original forwards of `model`'s norms and every patched modeling module's rotary."""
     if model is not None:
         for module in model.modules():
-            fwd = module.__dict__.get("forward")
-            if getattr(fwd, "__func__", None) is _fused_rms_norm_forward:
+            if is_fused_norm(module):
                 del module.forward
+            module.__dict__.pop("batchscope_ahead", None)
     for mod_name, original in list(_PATCHED_MODULES.items()):
         importlib.import_module(mod_name).apply_rotary_pos_emb = original
         del _PATCHED_MODULES[mod_name]

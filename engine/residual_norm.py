@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
-from .fused import MAX_ROW, _device_of, _fused_rms_norm_forward, _rms_norm_launch_config, _usable
+from .fused import MAX_ROW, _device_of, _rms_norm_launch_config, _usable, is_fused_norm, leave_ahead
 
 # The decoder layer forward this module reproduces. ATTENTION stands for a call passing each of the forward's
 # own parameters by name (name=name) and **kwargs: what it passes is then known from the signature alone.
@@ -63,19 +63,16 @@ def _add_rms_norm_kernel(residual, delta, w, total, out, n_rows, n_cols, eps,
     tl.store(out + offs, (wv[None, :] * normed).to(out.dtype.element_ty), mask=mask)
 
 
-def _fused_norm(norm) -> bool:
-    return getattr(norm.__dict__.get("forward"), "__func__", None) is _fused_rms_norm_forward
-
-
 def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, norm) -> tuple[torch.Tensor, torch.Tensor]:
     """(residual + delta, norm(residual + delta)), one kernel where `norm` runs engine.fused's RMSNorm and the
     tensors are covered; the eager add and the module's own call otherwise."""
     n = residual.shape[-1] if residual.dim() else 0
     weight = getattr(norm, "weight", None)
-    if not (_fused_norm(norm) and _usable(residual) and delta.dtype == residual.dtype
-            and isinstance(weight, torch.Tensor) and _usable(weight)
+    if not (is_fused_norm(norm) and _usable(residual) and delta.dtype == residual.dtype
             and delta.shape == residual.shape and delta.device == residual.device and residual.is_contiguous()
-            and delta.is_contiguous() and 0 < n <= MAX_ROW and weight.shape == (n,) and weight.is_contiguous() and weight.device == residual.device
+            and delta.is_contiguous() and 0 < n <= MAX_ROW and isinstance(weight, torch.Tensor)
+            and _usable(weight) and weight.shape == (n,) and weight.is_contiguous()
+            and weight.device == residual.device
             and not (torch.is_grad_enabled() and (residual.requires_grad or delta.requires_grad
                                                   or weight.requires_grad))):
         total = residual + delta
@@ -96,18 +93,11 @@ def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, norm) -> tuple[tor
 def add_norm_ahead(residual: torch.Tensor, delta: torch.Tensor, next_norm) -> torch.Tensor:
     """residual + delta, with `next_norm`'s output on it computed in the same kernel and left on the module for
     its next call on this very tensor (see engine.fused._fused_rms_norm_forward)."""
-    if next_norm is None or not _fused_norm(next_norm) or _global_forward_hooks or _global_forward_pre_hooks:
+    if not is_fused_norm(next_norm) or _global_forward_hooks or _global_forward_pre_hooks:
         return residual + delta         # a global hook may change the sum before the norm reads it
     total, normed = add_rms_norm(residual, delta, next_norm)
-    next_norm.batchscope_ahead = (total, _version(total), normed)
+    leave_ahead(next_norm, total, normed)
     return total
-
-
-def _version(t: torch.Tensor) -> int | None:
-    """The in-place-change counter. Inference tensors keep none: then what stands between the add and the norm
-    must change nothing in place, which `install_residual_norms` checks of the decoder's code and
-    `_fused_layer_forward` of the hooks."""
-    return None if t.is_inference() else t._version
 
 
 def _fused_layer_forward(self, hidden_states, *args, **kwargs):
@@ -216,10 +206,9 @@ def install_residual_norms(model: torch.nn.Module) -> list[str]:
         if not _no_inplace_changes(decoder):
             continue
         final = getattr(decoder, "norm", None)
-        specs = [None if "forward" in layer.__dict__ or not all(
-                     _fused_norm(getattr(layer, n, None) or torch.nn.Module())
-                     for n in ("input_layernorm", "post_attention_layernorm")) else layer_spec(layer)
-                 for layer in layers]
+        specs = [layer_spec(layer) if "forward" not in layer.__dict__ and is_fused_norm(
+                     getattr(layer, "input_layernorm", None)) and is_fused_norm(
+                     getattr(layer, "post_attention_layernorm", None)) else None for layer in layers]
         for i, (layer, spec) in enumerate(zip(layers, specs)):
             if spec is None:
                 continue
@@ -239,4 +228,3 @@ def uninstall_residual_norms(model: torch.nn.Module) -> None:
         if getattr(module.__dict__.get("forward"), "__func__", None) is _fused_layer_forward:
             del module.forward
             del module.batchscope_layer
-        module.__dict__.pop("batchscope_ahead", None)
