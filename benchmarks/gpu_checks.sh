@@ -28,6 +28,7 @@ fi
 if has tests; then
   python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_gpu.py tests/test_attention_triton.py \
     tests/test_fused.py tests/test_projections.py tests/test_residual_norm.py tests/test_skinny_gemm.py \
+    tests/test_dependent_launch.py \
     tests/test_model_matrix.py -rs 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 if has kernels; then

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .dependent_launch import enter, launch_options
+
 LOG2E = 1.4426950408889634
 
 # A decode split handles at least this many keys: fewer would spend more on writing and re-reading the fp32
@@ -130,7 +132,8 @@ def _decode_split_kernel(
         NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         D_PAD: tl.constexpr, V_DIM: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DIRECT_OUT: tl.constexpr,
-        PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
+        PRECISION: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr):
+    enter(PDL)
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -197,7 +200,8 @@ def _decode_split_kernel(
 @triton.jit(do_not_specialize=["query_start_loc", "num_splits"])
 def _decode_merge_kernel(part_out, part_lse, query_start_loc, out, num_splits, stride_ot, stride_oh,
                          NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                         S_PAD: tl.constexpr):
+                         S_PAD: tl.constexpr, PDL: tl.constexpr):
+    enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     row = tl.load(query_start_loc + b)
@@ -238,8 +242,9 @@ def _prefill_kernel(
         G: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
         V_DIM: tl.constexpr, DV_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr,
-        SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
+        SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
+    enter(PDL)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
 
@@ -424,12 +429,12 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_SIZE=block_size, BLOCK_N=block_n,
         USE_WINDOW=bool(sliding_window), SOFTCAP=bool(softcap), DIRECT_OUT=direct, PRECISION=_precision(q.dtype),
         DOT_F32=_dot_f32(q.dtype),
-        num_warps=num_warps, num_stages=num_stages or tile_stages)
+        num_warps=num_warps, num_stages=num_stages or tile_stages, **launch_options(q.device))
     if not direct:
         _decode_merge_kernel[(B, H)](
             part_out, part_lse, meta.query_start_loc, out, num_splits, out.stride(0), out.stride(1),
             NUM_HEADS=H, HEAD_DIM=Dv, D_PAD=DV_PAD, S_PAD=_pow2(num_splits),
-            num_warps=4 if DV_PAD >= 128 else 2)
+            num_warps=4 if DV_PAD >= 128 else 2, **launch_options(q.device))
     return out
 
 
@@ -473,7 +478,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         G=G, G_PAD=G_PAD, HEAD_DIM=D, D_PAD=D_PAD, V_DIM=Dv, DV_PAD=DV_PAD, BLOCK_SIZE=block_size,
         BLOCK_Q=block_q, BLOCK_N=block_n, USE_WINDOW=bool(sliding_window), SOFTCAP=bool(softcap),
         PRECISION=_precision(q.dtype), DOT_F32=_dot_f32(q.dtype),
-        num_warps=warps if block_q * G_PAD > 64 else 4, num_stages=stages)
+        num_warps=warps if block_q * G_PAD > 64 else 4, num_stages=stages, **launch_options(q.device))
     return out
 
 

@@ -219,6 +219,8 @@ class Engine:
             "max_batch_tokens": self.config.max_batch_tokens, "max_running": self.config.max_running,
             "max_model_len": self.max_model_len, "attention": self.kernel,
             "cuda_graphs": self._core.runner.use_graphs, "fused_kernels": len(self.fused),
+            # whether those kernels start while the kernel before them finishes (engine.dependent_launch)
+            "dependent_launch": self.kernel == "triton" and _launches_early(self.device),
             # why decode runs eagerly although graphs were asked for (None when they run), and how experts run
             "cuda_graphs_note": self._core.runner.graphs_note, "graph_experts": self._core.runner.graph_experts,
             "support": self.support,
@@ -230,3 +232,7 @@ class Engine:
             "allreduce_us": {str(k): v for k, v in self._core.runner.allreduce_us.items()},
         }
 
+
+def _launches_early(device: torch.device) -> bool:
+    from .dependent_launch import supported     # lazy: imports Triton, present only where the kernels run
+    return supported(device)

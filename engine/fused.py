@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dependent_launch import enter, launch_options
 from .patching import same_code
 
 # Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) runs the kernels on CPU tensors.
@@ -78,7 +79,8 @@ def _rotary_eager(q, k, cos, sin, unsqueeze_dim=1):
 # compiles a new kernel in the middle of serving. Strides follow the model's widths and stay specialised.
 @triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(x, w, out, n_rows, n_cols, inner, stride_outer, stride_inner, stride_out, eps,
-                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    enter(PDL)
     # ROWS whole rows per program: a row of up to MAX_ROW elements stays in registers, so x is read once.
     # Row r of x sits at (r // inner) * stride_outer + (r % inner) * stride_inner: the heads of a q or k slice
     # of a merged q/k/v product (Qwen3's head norms) are rows too, read in place.
@@ -140,7 +142,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     with _device_of(x):
         _rms_norm_kernel[(triton.cdiv(m, per_prog),)](
             x, weight, out, m, n, inner, stride_outer, stride_inner, n, float(eps), BLOCK_N=block_n,
-            ROWS=per_prog, num_warps=num_warps)
+            ROWS=per_prog, num_warps=num_warps, **launch_options(x.device))
     return out
 
 
@@ -218,8 +220,9 @@ def _rotate_heads(src, dst, cos_row, sin_row, h0, n_heads, stride_sh, stride_dh,
 def _rotary_kernel(q, k, cos, sin, q_out, k_out, seq_len, q_heads, k_heads,
                    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, oq_b, oq_h, oq_t, ok_b, ok_h, ok_t,
                    sc_b, sc_t, ss_b, ss_t,
-                   HALF: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK_H: tl.constexpr):
+                   HALF: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     # grid: (batch * seq_len, q head blocks + k head blocks); q and k share one launch and one cos/sin row
+    enter(PDL)
     b = (tl.program_id(0) // seq_len).to(tl.int64)   # int64 offsets: long prefills pass 2**31 elements
     t = (tl.program_id(0) % seq_len).to(tl.int64)
     hb = tl.program_id(1)
@@ -271,7 +274,8 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
             q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
             cos.stride(0) * bc, cos.stride(1), sin.stride(0) * bc, sin.stride(1),
             HALF=half, HALF_PAD=half_pad, BLOCK_H=block_h, num_warps=4 if block_h * half_pad >= 512 else 2,
-            enable_fp_fusion=False)   # fp32: no mul+add -> fma contraction; the eager ops round the product first
+            # fp32: no mul+add -> fma contraction; the eager ops round the product first
+            enable_fp_fusion=False, **launch_options(q.device))
     return q_out, k_out
 
 
@@ -288,7 +292,9 @@ def _make_rotary(original):
 # SiLU(gate) * up, on the merged gate/up product (see engine.projections)
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["n_rows"])   # the token count changes every step (see _rms_norm_kernel)
-def _silu_mul_kernel(gate_up, out, n_rows, n_cols, stride_in, stride_out, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gate_up, out, n_rows, n_cols, stride_in, stride_out, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
+    enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -317,7 +323,8 @@ def silu_mul(gate_up: torch.Tensor, split: int) -> torch.Tensor | None:
     block = min(1024, triton.next_power_of_2(split))
     with _device_of(gate_up):
         _silu_mul_kernel[(rows.shape[0], triton.cdiv(split, block))](
-            rows, out, rows.shape[0], split, rows.stride(0), split, BLOCK=block, num_warps=4)
+            rows, out, rows.shape[0], split, rows.stride(0), split, BLOCK=block, num_warps=4,
+            **launch_options(gate_up.device))
     return out
 
 

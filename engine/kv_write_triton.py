@@ -6,12 +6,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .dependent_launch import enter, launch_options
+
 
 @triton.jit(do_not_specialize=["slot_mapping", "stride_kt", "stride_kh", "stride_vt", "stride_vh"])
 def _write_kv_kernel(key, value, k_cache, v_cache, slot_mapping, stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_kcs, stride_kch, stride_vcs, stride_vch, KV_HEADS: tl.constexpr,
                      HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
-                     DV_PAD: tl.constexpr):
+                     DV_PAD: tl.constexpr, PDL: tl.constexpr):
+    enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping + t).to(tl.int64)
     h = tl.arange(0, H_PAD)
@@ -45,4 +48,4 @@ def write_kv_triton(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Ten
                            value.stride(0), value.stride(1), k_cache.stride(1), k_cache.stride(2),
                            v_cache.stride(1), v_cache.stride(2), KV_HEADS=KVH, HEAD_DIM=D, V_DIM=Dv,
                            H_PAD=triton.next_power_of_2(KVH), D_PAD=triton.next_power_of_2(D),
-                           DV_PAD=triton.next_power_of_2(Dv), num_warps=4)
+                           DV_PAD=triton.next_power_of_2(Dv), num_warps=4, **launch_options(key.device))

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
+from .dependent_launch import enter, launch_options
 from .fused import MAX_ROW, _device_of, _rms_norm_launch_config, _usable, is_fused_norm, leave_ahead
 
 # The decoder layer forward this module reproduces. ATTENTION stands for a call passing each of the forward's
@@ -46,7 +47,8 @@ return hidden_states
 
 @triton.jit(do_not_specialize=["n_rows"])   # the token count changes every step (see fused._rms_norm_kernel)
 def _add_rms_norm_kernel(residual, delta, w, total, out, n_rows, n_cols, eps,
-                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    enter(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
@@ -86,7 +88,7 @@ def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, norm) -> tuple[tor
         with _device_of(residual):
             _add_rms_norm_kernel[(triton.cdiv(m, per_prog),)](
                 residual, delta, weight, total, out, m, n, float(norm.variance_epsilon), BLOCK_N=block_n,
-                ROWS=per_prog, num_warps=num_warps)
+                ROWS=per_prog, num_warps=num_warps, **launch_options(residual.device))
     return total, out
 
 

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from .attention_triton import _num_sms
+from .dependent_launch import enter, launch_options
 from .fused import _INTERPRETED, _device_of, _usable
 
 MAX_ROWS = 32          # at most this many rows take the kernel; more rows leave cuBLAS too little to lose
@@ -33,7 +34,7 @@ _DTYPES = (torch.float32,) if _INTERPRETED else (torch.bfloat16, torch.float16)
 @triton.jit(do_not_specialize=["m"])
 def _skinny_gemm_kernel(x, w, out, partial, counters, m, N, K, stride_xm, stride_om,
                         SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+                        BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     tile = tl.program_id(0)
     split = tl.program_id(1)
     rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -41,6 +42,7 @@ def _skinny_gemm_kernel(x, w, out, partial, counters, m, N, K, stride_xm, stride
     rk = tl.arange(0, BLOCK_K)
     k_per_split = K // SPLIT_K
     k0 = split * k_per_split
+    enter(PDL)
     w_ptrs = w + rn.to(tl.int64)[:, None] * K + (k0 + rk)[None, :]
     x_ptrs = x + rm[None, :] * stride_xm + (k0 + rk)[:, None]
     row_ok = rm[None, :] < m
@@ -124,7 +126,7 @@ class SkinnyGemm:
             _skinny_gemm_kernel[(n // self.block_n, self.split_k)](
                 x, self.weight, out, self.scratch, self.counters, m, n, k, x.stride(0), out.stride(0),
                 SPLIT_K=self.split_k, BLOCK_M=block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
-                num_stages=self.num_stages, num_warps=self.num_warps)
+                num_stages=self.num_stages, num_warps=self.num_warps, **launch_options(x.device))
         return out
 
     def linear(self, x: torch.Tensor) -> torch.Tensor | None:

@@ -270,6 +270,7 @@ for kernel, args, kwargs in launches:
         if aligned:
             attrs[(kernel.arg_names.index(p.name),)] = [["tt.divisibility", 16]]
     options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    kwargs["PDL"], options["launch_pdl"] = True, True   # as on Hopper (CPU tensors here launch the ordinary way)
     for name, value in kwargs.items():
         signature[name] = "constexpr"
         constants[name] = value

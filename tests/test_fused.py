@@ -334,8 +334,9 @@ from triton.compiler.compiler import ASTSource
 from batchscope.engine import fused
 
 def build(kernel, signature, constants, warps, **options):
+    signature, constants = dict(signature, PDL="constexpr"), dict(constants, PDL=True)   # launched early
     compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps, **options})
+                              options={"num_warps": warps, "launch_pdl": True, **options})
     print(kernel.fn.__name__, constants, compiled.metadata.shared)
 
 for n, dt in ((4096, "bf16"), (128, "bf16"), (100, "fp32")):
