@@ -1,6 +1,7 @@
 """The Engine: loads a model, owns the background thread that runs the loops, and takes requests."""
 from __future__ import annotations
 
+import gc
 import itertools
 import random
 import threading
@@ -70,6 +71,11 @@ class Engine:
         self.info = self._describe(num_blocks)
         if observer is not None:
             self.add_observer(observer)
+        # What start-up made (the model, its graphs, transformers' modules) lives as long as the engine. Left to the
+        # cyclic collector, each full collection would walk it all, tens of milliseconds with the GIL held: the
+        # engine thread stops, and once its queued steps drain, so does the GPU. Frozen, it is never walked.
+        gc.collect()
+        gc.freeze()
         self._thread = threading.Thread(target=self._run, name="batchscope-engine", daemon=True)
         self._thread.start()
 
@@ -147,6 +153,7 @@ class Engine:
         self._thread.join(timeout=30)
         if self._peers is not None:
             self._peers.close()
+        gc.unfreeze()       # this engine's cycles may be collected again (a frozen object never is)
 
     def __enter__(self):
         return self

@@ -18,6 +18,7 @@ connect back over a private socket with a random key.
 """
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import secrets
@@ -271,6 +272,8 @@ def peer_main(address: str, rank: int, port: int, parent_pid: int) -> None:
         kind, num_blocks = ctrl.recv()
         _kv, runner = make_runner(rm, config, num_blocks)
         reports.send(("ready", {"rank": rank, "device": str(device), "cuda_graphs": runner.use_graphs}))
+        gc.collect()
+        gc.freeze()     # as in Engine: a full collection over start-up's objects would stall this rank's steps
     except BaseException:
         reports.send(("error", traceback.format_exc()))
         os._exit(1)
