@@ -7,10 +7,13 @@ The gap is [previous step's compute end, this step's compute start]. Each instan
   "update" of whichever step it belonged to), except that the host waiting while the previous step's D2H copy
   ran counts as "d2h";
 - time spent inside telemetry's own observer callback is "telemetry" (so its cost is never hidden);
+- an instant inside a collection of Python's garbage collector is "gc", whatever span it interrupted: the
+  collector holds the GIL, so the engine thread could do nothing then (telemetry/collector.py);
 - time no host span covers is "empty_queue" when the engine had no request at all (every request of this step
   arrived after that instant), otherwise "host_other" (loop bookkeeping between spans, other observers).
 The parts sum to the gap; `idle_cause` is the largest. Host spans come from one engine thread, so they never
-overlap and one sweep in time order labels the whole gap.
+overlap and one sweep in time order labels the whole gap; collections never overlap each other either, and the
+sweep runs over the pieces of the gap between them.
 """
 from __future__ import annotations
 
@@ -30,10 +33,15 @@ class IdleAttributor:
         self._prev_end: float | None = None
         self._prev_d2h: list | None = None
         self._spans: deque = deque(maxlen=history)    # recent host spans (start, end, label), in time order
+        self._collections: deque = deque(maxlen=history)   # recent garbage collections (start, end)
 
     def note(self, label: str, span: list) -> None:
-        """A host span outside any step (telemetry's own callback) that later gaps may overlap."""
-        self._spans.append((span[0], span[1], label))
+        """A host span outside any step that later gaps may overlap: telemetry's own callback, or a collection
+        ("gc"), which takes precedence over whatever the engine thread was in."""
+        if label == "gc":
+            self._collections.append((span[0], span[1]))
+        else:
+            self._spans.append((span[0], span[1], label))
 
     def attribute(self, cpu: dict, gpu: dict | None, compute: list | None,
                   empty_until: float | None) -> tuple[float | None, str | None, dict]:
@@ -78,22 +86,32 @@ class IdleAttributor:
             add("h2d", in_h2d)
             add("launch", g1 - host_end - in_h2d)
 
-        # before it, whatever the host thread was doing
+        # before it, whatever the host thread was doing, except while a collection had stopped it
+        def sweep(t: float, end: float) -> None:
+            d2h = self._prev_d2h
+            for s, e, label in sorted(x for x in self._spans if x[1] > t and x[0] < end):
+                s, e = max(s, t), min(e, end)
+                if e <= s:
+                    continue
+                if s > t:
+                    uncovered(t, s)
+                if label == "wait" and d2h:
+                    copying = _overlap(s, e, *d2h)
+                    add("d2h", copying)
+                    add("wait", e - s - copying)
+                else:
+                    add(label, e - s)
+                t = e
+            if t < end:
+                uncovered(t, end)
+
         t = g0
-        d2h = self._prev_d2h
-        for s, e, label in sorted(x for x in self._spans if x[1] > g0 and x[0] < host_end):
+        for s, e in sorted(c for c in self._collections if c[1] > g0 and c[0] < host_end):
             s, e = max(s, t), min(e, host_end)
             if e <= s:
                 continue
-            if s > t:
-                uncovered(t, s)
-            if label == "wait" and d2h:
-                copying = _overlap(s, e, *d2h)
-                add("d2h", copying)
-                add("wait", e - s - copying)
-            else:
-                add(label, e - s)
+            sweep(t, s)
+            add("gc", e - s)
             t = e
-        if t < host_end:
-            uncovered(t, host_end)
+        sweep(t, host_end)
         return {k: round(v, 1) for k, v in parts.items()}

@@ -105,8 +105,12 @@ class Recorder:
     def __init__(self, origin_ns: int, ring_steps: int = 20000, ring_requests: int = 4096,
                  ring_nvml: int = 12000, max_active: int = 8192, publish: Callable[[str, object], None] | None = None,
                  max_recording_steps: int = MAX_RECORDING_STEPS, max_recordings: int = MAX_RECORDINGS,
-                 max_recording_bytes: int = MAX_RECORDING_BYTES, max_recordings_bytes: int = MAX_RECORDINGS_BYTES):
+                 max_recording_bytes: int = MAX_RECORDING_BYTES, max_recordings_bytes: int = MAX_RECORDINGS_BYTES,
+                 collections: Callable[[], list] | None = None):
+        """`collections`: returns the garbage collections since its last call, (start_ns, end_ns, generation)
+        (telemetry.collector); each step's gap is attributed with those that ran before its trace arrived."""
         self.origin_ns = origin_ns
+        self.collections = collections
         self.steps: deque = deque(maxlen=ring_steps)
         self.requests: deque = deque(maxlen=ring_requests)     # finished requests
         self.active: OrderedDict = OrderedDict()               # id -> record of requests not finished yet
@@ -175,6 +179,9 @@ class Recorder:
             gpu, compute = None, cpu.get("launch")
             basis = "host" if compute else "none"
 
+        if self.collections is not None:
+            for start, end, _generation in self.collections():
+                self.idle.note("gc", [us(start), us(end)])
         empty_until = None
         if tr.arrivals:
             new_ids = {a[0] for a in tr.arrivals}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from .collector import CollectorPauses
 from .export import build_timeline, created_now, shift_records
 from .hub import MAX_SUBSCRIBERS, Hub, request_view
 from .nvml import BUSY_NOTE, Sampler, unix_origin_ns
@@ -65,10 +66,12 @@ class Telemetry:
         self._closed = False
 
         self.hub = Hub(stats=self._live_stats, hz=hub_hz, max_pending=hub_max_pending, max_subscribers=max_subscribers)
+        self.collector = CollectorPauses()
         self.recorder = Recorder(self.origin_ns, ring_steps=ring_steps, ring_requests=ring_requests,
                                  ring_nvml=int(max(nvml_hz, 1.0) * 600), publish=self.hub.publish,
                                  max_recording_steps=max_recording_steps, max_recordings=max_recordings,
-                                 max_recording_bytes=max_recording_bytes, max_recordings_bytes=max_recordings_bytes)
+                                 max_recording_bytes=max_recording_bytes, max_recordings_bytes=max_recordings_bytes,
+                                 collections=self.collector.take)
         device = self.info.get("device") or getattr(getattr(engine, "config", None), "device", None)
         self.device = str(device) if device is not None else None
         self.sampler = Sampler(self.recorder.on_sample, self.now_us, self.device, hz=nvml_hz,
@@ -82,6 +85,7 @@ class Telemetry:
         except Exception:
             self.sampler.close()
             self.hub.close()
+            self.collector.close()
             raise
 
     # ---- the engine thread ---------------------------------------------------------------------------------
@@ -241,6 +245,7 @@ class Telemetry:
             pass
         self.sampler.close()
         self.hub.close()
+        self.collector.close()
 
     def __enter__(self) -> Telemetry:
         return self

@@ -12,6 +12,7 @@ const CAUSE_LABEL = {
   telemetry: "telemetry",
   empty_queue: "no requests",
   host_other: "other host work",
+  gc: "Python garbage collection",
   none: "no cause recorded",
 };
 
@@ -26,6 +27,7 @@ const CAUSE_HINT = {
   telemetry: "telemetry was recording the previous step",
   empty_queue: "there was no request to run: not the loop's fault",
   host_other: "engine-thread time no span covers (loop bookkeeping)",
+  gc: "Python's garbage collector held the interpreter: the engine thread could not run",
   none: "",
 };
 

@@ -12,9 +12,10 @@ export const COLOR = {
   sync: "#ea580c", async: "#2563eb",
 };
 // Idle gaps are coloured by what the host was doing meanwhile: a host phase keeps that phase's colour.
-// "empty_queue" (no request at all) is not the host's fault: grey. "host_other" is loop overhead between spans.
+// "empty_queue" (no request at all) is not the host's fault: grey. "host_other" is loop overhead between spans;
+// "gc", the garbage collector stopping every Python thread.
 const CAUSE_COLOR = {
-  empty_queue: "#94a3b8", none: "#94a3b8", host_other: "#ef4444", h2d: "#f59e0b", d2h: "#a855f7",
+  empty_queue: "#94a3b8", none: "#94a3b8", host_other: "#ef4444", h2d: "#f59e0b", d2h: "#a855f7", gc: "#854d0e",
 };
 export const NO_WORK = new Set(["empty_queue", "none"]);
 const SPARE = ["#b91c1c", "#0f766e", "#7c2d12", "#4d7c0f", "#be185d", "#1e40af"];
