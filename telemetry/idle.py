@@ -8,7 +8,8 @@ The gap is [previous step's compute end, this step's compute start]. Each instan
   ran counts as "d2h";
 - time spent inside telemetry's own observer callback is "telemetry" (so its cost is never hidden);
 - an instant inside a collection of Python's garbage collector is "gc", whatever span it interrupted: the
-  collector holds the GIL, so the engine thread could do nothing then (telemetry/collector.py);
+  collector holds the GIL, so the engine thread could do nothing then (telemetry/collector.py); before the first
+  request existed, though, there was nothing to do anyway (below);
 - time no host span covers is "empty_queue" when the engine had no request at all (every request of this step
   arrived after that instant), otherwise "host_other" (loop bookkeeping between spans, other observers).
 The parts sum to the gap; `idle_cause` is the largest. Host spans come from one engine thread, so they never
@@ -107,7 +108,7 @@ class IdleAttributor:
 
         t = g0
         for s, e in sorted(c for c in self._collections if c[1] > g0 and c[0] < host_end):
-            s, e = max(s, t), min(e, host_end)
+            s, e = max(s, t, empty_until if empty_until is not None else s), min(e, host_end)
             if e <= s:
                 continue
             sweep(t, s)

@@ -27,6 +27,11 @@ def test_a_collection_takes_precedence_over_the_host_phase_it_interrupted():
     gap, cause, parts = idle.attribute({"schedule": [70.0, 101.0], "launch": [101.0, 102.0]}, None,
                                        [102.0, 110.0], None)
     assert (gap, cause) == (32.0, "gc") and parts == {"schedule": 2.0, "gc": 29.0, "launch": 1.0}
+    # before the first request arrived there was nothing to run: that part stays "empty_queue"
+    idle.note("gc", [112.0, 130.0])
+    gap, cause, parts = idle.attribute({"schedule": [140.0, 141.0], "launch": [141.0, 142.0]}, None,
+                                       [142.0, 150.0], empty_until=120.0)
+    assert parts == {"empty_queue": 10.0, "gc": 10.0, "host_other": 10.0, "schedule": 1.0, "launch": 1.0}
 
 
 def test_pauses_are_recorded_on_the_engines_clock_until_closed():
