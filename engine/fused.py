@@ -91,15 +91,22 @@ def _rms_norm_kernel(x, w, out, n_rows, n_cols, inner, stride_outer, stride_inne
     rows = rows.to(tl.int64)
     x_rows = (rows // inner) * stride_outer + (rows % inner) * stride_inner
     xv = tl.load(x + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    res = weighted_rms_norm(xv, w, cols, col_ok, n_cols, eps, x.dtype.element_ty)
+    tl.store(out + rows[:, None] * stride_out + cols[None, :], res.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def weighted_rms_norm(xv, w, cols, col_ok, n_cols, eps, X_DTYPE: tl.constexpr):
+    """transformers' RMSNorm of fp32 rows `xv` (their values in X_DTYPE), in fp32, to be rounded once to the
+    output dtype by the caller's store."""
     variance = tl.sum(xv * xv, axis=1) / n_cols
     normed = xv * tl.math.rsqrt(variance + eps)[:, None]
     # transformers rounds the normalized row to the input dtype before the weight multiply
-    normed = normed.to(x.dtype.element_ty).to(tl.float32)
+    normed = normed.to(X_DTYPE).to(tl.float32)
     wv = tl.load(w + cols, mask=col_ok, other=0.0).to(tl.float32)
     # both factors have <= 11-bit mantissas (or the output is fp32): the fp32 product is the exact one, and a
     # single rounding to the output dtype gives what the eager dtype-promoted multiply gives
-    res = wv[None, :] * normed
-    tl.store(out + rows[:, None] * stride_out + cols[None, :], res.to(out.dtype.element_ty), mask=mask)
+    return wv[None, :] * normed
 
 
 def _rms_norm_launch_config(n_cols: int) -> tuple[int, int, int]:

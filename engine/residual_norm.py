@@ -28,7 +28,8 @@ import triton.language as tl
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from .dependent_launch import enter, launch_options
-from .fused import MAX_ROW, _device_of, _rms_norm_launch_config, _usable, is_fused_norm, leave_ahead
+from .fused import (MAX_ROW, _device_of, _rms_norm_launch_config, _usable, is_fused_norm, leave_ahead,
+                    weighted_rms_norm)
 
 # The decoder layer forward this module reproduces. ATTENTION stands for a call passing each of the forward's
 # own parameters by name (name=name) and **kwargs: what it passes is then known from the signature alone.
@@ -58,11 +59,8 @@ def _add_rms_norm_kernel(residual, delta, w, total, out, n_rows, n_cols, eps,
     d = tl.load(delta + offs, mask=mask, other=0.0).to(tl.float32)
     s = (r + d).to(total.dtype.element_ty)          # the eager add: one rounding to the dtype
     tl.store(total + offs, s, mask=mask)
-    xv = s.to(tl.float32)
-    variance = tl.sum(xv * xv, axis=1) / n_cols
-    normed = (xv * tl.math.rsqrt(variance + eps)[:, None]).to(total.dtype.element_ty).to(tl.float32)
-    wv = tl.load(w + cols, mask=col_ok, other=0.0).to(tl.float32)
-    tl.store(out + offs, (wv[None, :] * normed).to(out.dtype.element_ty), mask=mask)
+    res = weighted_rms_norm(s.to(tl.float32), w, cols, col_ok, n_cols, eps, total.dtype.element_ty)
+    tl.store(out + offs, res.to(out.dtype.element_ty), mask=mask)
 
 
 def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, norm) -> tuple[torch.Tensor, torch.Tensor]:
