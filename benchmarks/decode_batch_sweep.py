@@ -46,10 +46,11 @@ def main() -> None:
     args = p.parse_args()
     bw = copy_bandwidth()
     sms = at._num_sms(torch.device("cuda"))
-    engine_tile = {"block_n": at._decode_block_n(torch.bfloat16, 128), "num_stages": 2, "num_warps": 4}
     rows, summary = [], {}
     for batch in args.requests:
         auto = at.decode_splits(16384, 16, batch, 8, sms)
+        engine_tile = dict(zip(("block_n", "num_stages", "num_warps"),
+                               at.decode_tile(torch.bfloat16, 128, auto * batch * 8, sms)))
         splits = sorted({auto if s == "auto" else int(s) for s in args.splits.split(",")})
         benches = {c: DecodeBench([c] * batch, max_len=16384) for c in args.contexts}
         scored = []

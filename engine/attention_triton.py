@@ -39,6 +39,12 @@ MAX_SPLITS = 64
 # batch 32 one split of 128-key tiles read the cache at 1.03-1.90x the floor where 4 splits of 64 took 1.10-2.41x;
 # at batches 64-256, one split of 64-key tiles in 3 stages was best at every context.)
 PROGRAMS_PER_SM = 2
+# From about this many programs per SM (batch 128 and up at 8 KV heads), one-warp programs of 32-key tiles: the SM
+# then holds many small programs whose start-up loads (lengths, query, first pages) interleave with the others'
+# streams, where four-warp programs start and end in step. (benchmarks/decode_batch_sweep.py on an H200 over
+# contexts 256-1024: at 256 requests 1.04x the K/V floor on average against 1.065x for 64-key tiles 3 stages
+# deep in four warps, at 128 requests 1.093x against 1.118x; at 64 requests the four-warp tiles stay ahead.)
+MANY_PROGRAMS_PER_SM = 6
 DEFAULT_NUM_SMS = 132  # H200 / H100 SXM
 # Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) multiplies bf16/fp16 tiles as raw integer
 # bits; there the kernels upcast dot operands to fp32 (after the same bf16 rounding of p the GPU does).
@@ -339,12 +345,16 @@ def _decode_block_n(dtype: torch.dtype, head_dim: int) -> int:
     return 64 if (dtype != torch.float32 and head_dim <= 128) else 32
 
 
-def decode_tile(dtype: torch.dtype, head_dim: int, programs: int, num_sms: int = DEFAULT_NUM_SMS) -> tuple[int, int]:
-    """(block_n, num_stages) of the decode kernel for a grid of `programs` (see PROGRAMS_PER_SM)."""
+def decode_tile(dtype: torch.dtype, head_dim: int, programs: int,
+                num_sms: int = DEFAULT_NUM_SMS) -> tuple[int, int, int]:
+    """(block_n, num_stages, num_warps) of the decode kernel for a grid of `programs` (see PROGRAMS_PER_SM and
+    MANY_PROGRAMS_PER_SM)."""
     block_n = _decode_block_n(dtype, head_dim)
     if block_n < 64:
-        return block_n, 2           # fp32 (exact dots) and wide heads keep small tiles: registers
-    return (128, 2) if programs <= PROGRAMS_PER_SM * num_sms else (64, 3)
+        return block_n, 2, 4        # fp32 (exact dots) and wide heads keep small tiles: registers
+    if programs <= PROGRAMS_PER_SM * num_sms:
+        return 128, 2, 4
+    return (64, 3, 4) if programs < MANY_PROGRAMS_PER_SM * num_sms else (32, 2, 1)
 
 
 def decode_splits(max_model_len: int, block_size: int, batch_size: int | None = None,
@@ -386,7 +396,7 @@ def _score_scale(scale: float, softcap: float | None) -> float:
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
                  sliding_window: int | None = None, num_splits: int | None = None, block_n: int | None = None,
-                 min_split_keys: int = MIN_KEYS_PER_SPLIT, num_warps: int = 4, num_stages: int | None = None,
+                 min_split_keys: int = MIN_KEYS_PER_SPLIT, num_warps: int | None = None, num_stages: int | None = None,
                  out: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """One query per request (rows with none are skipped). Capturable: the grid is (num_splits, KVH, B).
 
@@ -404,7 +414,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if num_splits is None:
         num_splits = getattr(meta, "decode_splits", None) or decode_splits(
             meta.block_tables.shape[1] * block_size, block_size, B, KVH, _num_sms(q.device))
-    tile_n, tile_stages = decode_tile(q.dtype, max(D, Dv), num_splits * KVH * B, _num_sms(q.device))
+    tile_n, tile_stages, tile_warps = decode_tile(q.dtype, max(D, Dv), num_splits * KVH * B, _num_sms(q.device))
     block_n = block_n or tile_n
     if out is None:
         out = torch.empty((T, H, Dv), dtype=q.dtype, device=q.device)
@@ -429,7 +439,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         BLOCK_SIZE=block_size, BLOCK_N=block_n,
         USE_WINDOW=bool(sliding_window), SOFTCAP=bool(softcap), DIRECT_OUT=direct, PRECISION=_precision(q.dtype),
         DOT_F32=_dot_f32(q.dtype),
-        num_warps=num_warps, num_stages=num_stages or tile_stages, **launch_options(q.device))
+        num_warps=num_warps or tile_warps, num_stages=num_stages or tile_stages, **launch_options(q.device))
     if not direct:
         _decode_merge_kernel[(B, H)](
             part_out, part_lse, meta.query_start_loc, out, num_splits, out.stride(0), out.stride(1),

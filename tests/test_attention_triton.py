@@ -248,6 +248,7 @@ case(32, 8, 128, 16, torch.bfloat16, [900, 4000], [1, 1], None)          # split
 case(9, 3, 64, 32, torch.float16, [40, 7], [1, 1], 16)                    # one split: direct output, window
 case(32, 8, 128, 16, torch.bfloat16, [900, 4000, 5], [256, 1, 5], None)   # prefill, decode rows mixed in
 case(16, 2, 128, 16, torch.float32, [90, 3], [90, 1], 32)                 # fp32 prefill, window
+case(32, 8, 128, 16, torch.bfloat16, [300] * 100, [1] * 100, None)       # 800 programs: one-warp tiles
 kv = torch.empty(64, 16, 8, 128, dtype=torch.bfloat16)
 new = torch.empty(1, 8, 32, 128, dtype=torch.bfloat16)[0].transpose(0, 1)   # [T, kv_heads, D] as transformers hands it
 kw.write_kv_triton(kv[:32], kv[32:], new, new, torch.zeros(32, dtype=torch.int64))
@@ -284,7 +285,7 @@ print("compiled", len(launches))
 
 def test_kernels_compile_for_hopper_with_the_launch_arguments():
     out = compile_for_hopper(COMPILE_FOR_HOPPER)
-    assert "compiled 6" in out, out  # split decode + merge, direct decode, 2 prefills, KV write
+    assert "compiled 7" in out, out  # split decode + merge, 2 direct decodes, 2 prefills, KV write
 
 
 def test_decode_splits_fill_the_gpu_without_overshooting():
@@ -298,12 +299,14 @@ def test_decode_splits_fill_the_gpu_without_overshooting():
     assert at.decode_splits(8448, 16, batch_size=1024, num_kv_heads=8, num_sms=132) == 1
 
 
-def test_decode_tile_is_wide_for_few_programs_and_deep_for_many():
-    assert at.decode_tile(torch.bfloat16, 128, programs=256, num_sms=132) == (128, 2)     # batch 32 x 8 KV heads
-    assert at.decode_tile(torch.bfloat16, 128, programs=2048, num_sms=132) == (64, 3)     # batch 256
-    assert at.decode_tile(torch.float16, 64, programs=512, num_sms=132) == (64, 3)
-    assert at.decode_tile(torch.float32, 128, programs=8, num_sms=132) == (32, 2)         # exact fp32 dots
-    assert at.decode_tile(torch.bfloat16, 192, programs=8, num_sms=132) == (32, 2)        # wide (MLA) heads
+def test_decode_tile_is_wide_for_few_programs_deep_for_more_and_small_for_many():
+    assert at.decode_tile(torch.bfloat16, 128, programs=256, num_sms=132) == (128, 2, 4)  # batch 32 x 8 KV heads
+    assert at.decode_tile(torch.bfloat16, 128, programs=512, num_sms=132) == (64, 3, 4)   # batch 64
+    assert at.decode_tile(torch.float16, 64, programs=512, num_sms=132) == (64, 3, 4)
+    assert at.decode_tile(torch.bfloat16, 128, programs=1024, num_sms=132) == (32, 2, 1)  # batch 128
+    assert at.decode_tile(torch.bfloat16, 128, programs=2048, num_sms=132) == (32, 2, 1)  # batch 256
+    assert at.decode_tile(torch.float32, 128, programs=2048, num_sms=132) == (32, 2, 4)   # exact fp32 dots
+    assert at.decode_tile(torch.bfloat16, 192, programs=8, num_sms=132) == (32, 2, 4)     # wide (MLA) heads
 
 
 # ------------------------------------------------------------------------------------------------ GPU
@@ -344,6 +347,21 @@ def test_gpu_prefill_matches_reference(dtype, group, kv_heads, head_dim, block_s
                                   device="cuda", seed=12)
     out = at.paged_attention_triton(q, kc, vc, meta, head_dim ** -0.5, window)
     check(out, reference(q, kc, vc, meta, head_dim ** -0.5, window), dtype)
+
+
+@pytest.mark.parametrize("dtype,group,kv_heads,head_dim,block_size", GPU_CASES)
+@gpu
+def test_gpu_decode_of_a_large_batch_matches_reference(dtype, group, kv_heads, head_dim, block_size):
+    # Enough (request, KV head) programs for the many-programs tile, with padded slots (no query) among them.
+    n = -(-at.MANY_PROGRAMS_PER_SM * at._num_sms(torch.device("cuda")) // kv_heads) + 8
+    lens = _rand_lens(n, 1, 1200, seed=head_dim + group + 2)
+    lens[7] = lens[n // 2] = 0
+    q, kc, vc, meta = make_inputs(lens, [int(n > 0) for n in lens], group * kv_heads, kv_heads, head_dim,
+                                  block_size, dtype, device="cuda", seed=15)
+    out = at.paged_attention_triton(q, kc, vc, meta, head_dim ** -0.5)
+    live = torch.tensor([r for r, n in enumerate(lens) if n > 0], device="cuda")
+    rows = meta.query_start_loc[live].long()
+    check(out[rows], reference(q, kc, vc, meta, head_dim ** -0.5)[rows], dtype)
 
 
 @gpu

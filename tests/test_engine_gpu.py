@@ -90,6 +90,21 @@ def test_few_row_gemms_and_fused_residual_norms_keep_greedy_tokens_on_cuda(llama
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tiny_random_greedy_equals_transformers_on_cuda(dtype):
+    _tiny_random_greedy_equals_transformers(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16"])
+def test_large_batch_decode_tile_keeps_greedy_tokens_on_cuda(dtype, monkeypatch):
+    """The decode kernel's settings for many (request, KV head) programs (batch 128 and up on an 8B model),
+    forced here on a small batch: the same tokens as transformers."""
+    from batchscope.engine import attention_triton as at
+    monkeypatch.setattr(at, "PROGRAMS_PER_SM", 0)
+    monkeypatch.setattr(at, "MANY_PROGRAMS_PER_SM", 0)
+    assert at.decode_tile(getattr(torch, dtype), 16, programs=8) == (32, 2, 1)   # tiny-random's heads of 16
+    _tiny_random_greedy_equals_transformers(dtype)
+
+
+def _tiny_random_greedy_equals_transformers(dtype):
     from batchscope.engine.models import load_model
     eng = Engine(EngineConfig(model="tiny-random", device="cuda", dtype=dtype, num_blocks=256,
                               max_batch_tokens=256, max_running=32))
