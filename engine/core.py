@@ -41,7 +41,7 @@ class EngineCore:
                  stop_checker):
         self.scheduler, self.runner = scheduler, runner
         self.eos_ids = frozenset(eos_ids)
-        self.detokenize = detokenize            # token ids -> text (final text of a finished request)
+        self.detokenize = detokenize            # (token ids, cut) -> text: a finished request's, decoded by its reader
         self.stop_checker = stop_checker        # (request) -> where the first stop string starts, or None
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wakeup = threading.Event()
@@ -221,13 +221,12 @@ class EngineCore:
         req.finish_reason, req.error, req.finish_ns = reason, error, now()
         self._finished.append((req.id, reason, len(req.prompt_ids), len(req.output_ids)))
         self.scheduler.remove(req)
-        cut = self.stop_checker(req) if reason == "stop" else None
-        req.text = self.detokenize(req.output_ids, cut)
+        req.text_cut = self.stop_checker(req) if reason == "stop" else None
         handle = self.handles.pop(req.id, None)
         self.requests.pop(req.id, None)
         if handle is not None:
             toks = [last_token] if last_token is not None and handle.streaming else []
-            handle.deliver(TokenDelta(toks, "", True, reason, error), req.output())
+            handle.deliver(TokenDelta(toks, "", True, reason, error), req.output(self.detokenize))
 
     def fail(self, step: Step, exc: BaseException) -> None:
         """A step raised: its requests fail with the reason; everyone else keeps going. A later step that

@@ -65,6 +65,22 @@ def test_streaming_threads_and_asyncio(engine):
     assert [t for d in adeltas for t in d.token_ids] == aout.token_ids == out.token_ids
 
 
+def test_a_finished_requests_text_is_decoded_by_its_reader_not_by_the_engine_loop(engine):
+    tok = engine.tokenizer
+    decoders = []
+    original = tok.decode
+    tok.decode = lambda *a, **k: decoders.append(threading.current_thread()) or original(*a, **k)
+    try:
+        handle = engine.submit([5, 6, 7], SamplingParams(max_new_tokens=9, ignore_eos=True), stream=False)
+        out = handle.result(timeout=60)
+        assert decoders == []             # finished and delivered without touching the tokenizer
+        text = out.text
+        assert decoders == [threading.current_thread()]
+        assert text == original(out.token_ids, skip_special_tokens=True) and out.text is text
+    finally:
+        tok.decode = original
+
+
 def test_stop_string_finishes_and_cuts_text(engine):
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     full = engine.generate(["Tell me"], params)[0]
