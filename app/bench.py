@@ -6,7 +6,8 @@ workload, each set against the memory-bandwidth floor of a decode step.
 
 What it does, in order (docs/BENCHMARKS.md has the method in full):
   1. times a large device-to-device copy (bytes read + written) -> the copy bandwidth, and a large GEMM -> the
-     compute peak the roofline floor uses;
+     compute peak the roofline floor uses (in a short burst, and again held after 1.5 s of load: the clock a
+     power-limited GPU keeps);
   2. loads one Engine, attaches telemetry, warms every mode up on the real prompts (a few tokens, not timed);
   3. loads the same weights once more for transformers' `generate_batch` (sdpa) and warms each variant up;
   4. runs every system once per repeat, the order reversed on every other repeat, on the same seeded prompts
@@ -160,7 +161,9 @@ def run_benchmark(args) -> dict:
         _say(f"measuring the GEMM peak on {device}")
         floor = workload_floors(bs.engine.model, info, args.requests, args.prompt_tokens, args.new_tokens,
                                 bandwidth["gbps"])
-        _say(f"GEMM peak {floor['gemm_peak']['tflops']:.1f} TFLOP/s ({floor['gemm_peak']['dtype']})")
+        held = floor["gemm_peak"]["held_tflops"]
+        _say(f"GEMM peak {floor['gemm_peak']['tflops']:.1f} TFLOP/s ({floor['gemm_peak']['dtype']})"
+             + (f", {held:.1f} held under sustained load" if held else ""))
         labels = list(args.modes)
         skipped = {}
         if args.baseline == "transformers" and config.tensor_parallel_size > 1:
@@ -243,7 +246,8 @@ def _timed_run(args, bs: BatchscopeRunner, tf: TransformersRunner | None, rep: i
         else:
             m.pop("decode_window")
     m.update(label=label, repeat=rep, floor_ms_per_step=floor["ms_per_step"],
-             roofline_ms_per_step=floor["roofline"]["ms_per_step"])
+             roofline_ms_per_step=floor["roofline"]["ms_per_step"],
+             roofline_held_ms_per_step=floor["roofline_held"]["ms_per_step"])
     if timeline is not None:
         m["timeline"] = str(_write_json(_timeline_path(args.out, name), timeline))
     return m
@@ -273,6 +277,8 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
         # % of floor: the share of the bandwidth limit reached (100 = a step as fast as streaming its bytes once)
         m["floor_pct"] = round(100.0 * fl / ms, 2) if ms and fl else None
         m["x_roofline"] = round(ms / roof, 3) if ms and roof else None
+        held = m.get("roofline_held_ms_per_step")
+        m["x_roofline_held"] = round(ms / held, 3) if ms and held else None
     slowest = max(results, key=lambda k: results[k]["wall_s"])
     for label, med in results.items():
         med["speedup"] = results[slowest]["wall_s"] / med["wall_s"] if med["wall_s"] else None
@@ -304,6 +310,10 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
             "floor_pct": "floor_ms_per_step / decode_ms_per_step x 100 (100 = at the memory-bandwidth limit)",
             "roofline_ms_per_step": "per op class the larger of bytes / copy bandwidth and FLOPs / GEMM peak, "
                                     "summed, plus the KV read and the all-reduces (floor.roofline has the parts)",
+            "roofline_held_ms_per_step": "the same roofline at the GEMM rate the GPU holds after 1.5 s of GEMMs back "
+                                         "to back (floor.gemm_peak.held_tflops): a GPU at its power limit clocks "
+                                         "down under sustained load; none on CPU",
+            "sm_clock_mhz": "NVML SM clock, and power_w the board's power draw, averaged over the decode window",
             "gpu_busy_pct": "union of the decode steps' compute spans (CUDA events; host launch spans on CPU) "
                             "over the decode window; none for transformers, whose loop records no events",
             "nvml_util_pct": "NVML utilization: the share of a 1/6-1 s window in which any kernel ran; it cannot "
@@ -335,8 +345,9 @@ def _write_json(path: Path, obj) -> Path:
 COLUMNS = (("run", None, "s"), ("wall s", "wall_s", ".2f"), ("out tok/s", "tokens_per_s", ".1f"),
            ("ms/step", "decode_ms_per_step", ".2f"), ("floor ms", "floor_ms_per_step", ".2f"),
            ("% of floor", "floor_pct", ".1f"), ("roofline ms", "roofline_ms_per_step", ".2f"),
-           ("x roofline", "x_roofline", ".2f"), ("GPU busy %", "gpu_busy_pct", ".1f"),
-           ("NVML util %", "nvml_util_pct", ".1f"), ("speedup", "speedup", ".2f"))
+           ("x roofline", "x_roofline", ".2f"), ("x held roofline", "x_roofline_held", ".2f"),
+           ("GPU busy %", "gpu_busy_pct", ".1f"), ("NVML util %", "nvml_util_pct", ".1f"),
+           ("SM MHz", "sm_clock_mhz", ".0f"), ("speedup", "speedup", ".2f"))
 
 
 def format_table(result: dict) -> str:

@@ -21,8 +21,8 @@ from batchscope.engine import Engine, EngineConfig, SamplingParams, StepTrace
 TF_VARIANTS = {"transformers-sync": False, "transformers-async": True}   # label -> use_async_batching
 # per-run metrics; a run that could not measure one reports None (e.g. busy % without telemetry)
 METRICS = ("wall_s", "output_tokens", "tokens_per_s", "decode_ms_per_step", "floor_ms_per_step", "floor_pct",
-           "roofline_ms_per_step", "x_roofline",
-           "gpu_busy_pct", "nvml_util_pct", "speedup")
+           "roofline_ms_per_step", "x_roofline", "roofline_held_ms_per_step", "x_roofline_held",
+           "gpu_busy_pct", "nvml_util_pct", "sm_clock_mhz", "power_w", "speedup")
 
 
 # ---------------------------------------------------------------------------------------------- batchscope runs
@@ -122,6 +122,7 @@ def _decode_metrics(timeline: dict, bandwidth_gbps: float) -> dict:
             "decode_ms_basis": "median period between decode steps' compute starts (step records)",
             "decode_window_s": round((t1 - t0) / 1e6, 6), "gpu_busy_pct": s.get("busy_pct"),
             "busy_basis": s.get("busy_basis"), "nvml_util_pct": util, "host_cpu_pct": cpu,
+            "sm_clock_mhz": s.get("sm_clock_mhz_mean"), "power_w": s.get("power_w_mean"),
             "itl_ms_p50": (whole.get("itl_ms") or {}).get("p50"),
             # tensor parallel: every GPU's busy % (its own events) and NVML mean over the same window
             "ranks": s.get("ranks")}
@@ -222,7 +223,9 @@ def nvml_window(tel, label: str, window) -> tuple[dict, dict]:
         inside = [s for s in samples if lo <= s["t_us"] <= hi]
         samples = inside or samples
     return {"nvml_util_pct": _mean(s.get("gpu_util") for s in samples),
-            "host_cpu_pct": _mean(s.get("cpu_pct") for s in samples)}, timeline
+            "host_cpu_pct": _mean(s.get("cpu_pct") for s in samples),
+            "sm_clock_mhz": _mean(s.get("sm_clock_mhz") for s in samples),
+            "power_w": _mean(s.get("power_w") for s in samples)}, timeline
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -12,13 +12,16 @@ done
 python3 - "$OUT" <<'PY'
 import json, sys, pathlib
 rows = []
-for f in sorted(pathlib.Path(sys.argv[1]).glob("scale_*.json"), key=lambda p: int(p.stem.split("_")[1])):
+for f in sorted(pathlib.Path(sys.argv[1]).glob("scale_[0-9]*.json"), key=lambda p: int(p.stem.split("_")[1])):
+    if not f.stem.split("_")[1].isdigit() or len(f.stem.split("_")) > 2:
+        continue                        # another bench's JSON in the same folder (scale_256_r3.json, ...)
     d = json.loads(f.read_text())
-    r = d["results"]
-    rows.append((d["workload"]["requests"], d["floor"]["ms_per_step"], d["floor"]["roofline"]["ms_per_step"],
-                 r["sync"]["decode_ms_per_step"], r["async"]["decode_ms_per_step"], r["sync"]["gpu_busy_pct"],
-                 r["async"]["gpu_busy_pct"], d["floor"]["gemm_peak"]["tflops"]))
-print("requests floor roofline sync_ms async_ms sync_busy async_busy tflops")
+    r, fl = d["results"], d["floor"]
+    rows.append((d["workload"]["requests"], fl["ms_per_step"], fl["roofline"]["ms_per_step"],
+                 (fl.get("roofline_held") or {}).get("ms_per_step"), r["sync"]["decode_ms_per_step"],
+                 r["async"]["decode_ms_per_step"], r["sync"]["gpu_busy_pct"], r["async"]["gpu_busy_pct"],
+                 fl["gemm_peak"]["tflops"], fl["gemm_peak"].get("held_tflops"), r["async"].get("sm_clock_mhz")))
+print("requests floor roofline held_roofline sync_ms async_ms sync_busy async_busy tflops held_tflops async_mhz")
 for row in rows:
     print(*row)
 PY

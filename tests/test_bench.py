@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from batchscope.app import bench
+from batchscope.engine import EngineConfig
 from batchscope.telemetry import validate_timeline
 
 REQUESTS, PROMPT, NEW = 4, 16, 8
@@ -38,6 +39,9 @@ def test_every_run_reports_every_metric(cpu_bench, capsys):
     assert result["floor"]["ms_per_step"] > 0
     assert result["floor"]["gemm_peak"]["tflops"] > 0
     assert result["floor"]["roofline"]["ms_per_step"] >= result["floor"]["ms_per_step"] * 0.999
+    # the held GEMM rate (sustained load, a power-limited GPU's clock) is a CUDA measurement
+    assert result["floor"]["gemm_peak"]["held_tflops"] is None
+    assert result["floor"]["roofline_held"]["ms_per_step"] is None
     for run in result["runs"]:
         for key in bench.METRICS:
             assert key in run, (run["label"], key)
@@ -153,6 +157,29 @@ def test_roofline_takes_the_larger_of_memory_and_compute_per_class():
     assert all(p["bound"] == "memory" for p in small["classes"].values())
     floor = bench.decode_floor({"weight_bytes": 9e9, "kv_bytes_per_token": 1000}, 32, 100, 2, gbps=4000.0)
     assert small["ms_per_step"] == pytest.approx(floor["ms_per_step"], abs=1e-3)
+
+
+def test_held_roofline_uses_the_sustained_gemm_rate_and_runs_are_scored_against_it():
+    from batchscope.app.bench_floor import roofline_floor
+
+    classes = {"linear": {"bytes": 8e9, "macs_per_row": 4e9}, "experts": {"bytes": 0, "macs_per_row": 0},
+               "lm_head": {"bytes": 1e9, "macs_per_row": 0.25e9}}
+    info = {"kv_bytes_per_token": 1000}
+    burst = roofline_floor(classes, info, 256, 100, 2, gbps=4000.0, tflops=800.0)
+    held = roofline_floor(classes, info, 256, 100, 2, gbps=4000.0, tflops=600.0)
+    # only the compute-bound class slows down with the clock
+    assert held["ms_per_step"] - burst["ms_per_step"] == pytest.approx(2 * 4e9 * 256 * (1 / 600e12 - 1 / 800e12) * 1e3,
+                                                                       abs=1e-3)
+    assert roofline_floor(classes, info, 256, 100, 2, gbps=4000.0, tflops=None)["ms_per_step"] is None
+    run = {"label": "async", "system": "batchscope", "mode": "async", "lengths_ok": True, "wall_s": 1.0,
+           "token_ids": [[1]], "decode_ms_per_step": 2 * held["ms_per_step"], "floor_ms_per_step": 1.0,
+           "roofline_ms_per_step": burst["ms_per_step"], "roofline_held_ms_per_step": held["ms_per_step"]}
+    out = bench._assemble(argparse.Namespace(model="m", requests=256, prompt_tokens=100, new_tokens=2, seed=0,
+                                             warmup_tokens=1, repeats=1, no_telemetry=False), {"gbps": 4000.0},
+                          {"ms_per_step": 1.0},
+                          {"device": "cuda:0"}, EngineConfig(), [run], {}, [(0, "async")], None)
+    assert out["results"]["async"]["x_roofline_held"] == pytest.approx(2.0)
+    assert out["results"]["async"]["x_roofline"] > 2.0
 
 
 def test_weight_classes_count_linears_experts_and_head(tmp_path):
