@@ -280,6 +280,16 @@ def test_demo_replay_scoreboard_forecast_and_summary_agree(demo_server, browser)
         assert "6.76" in page.text_content("#bs-replay-forecast")
         assert page.text_content("#bs-nvml") == "recorded"
         assert "not available" not in page.text_content("#bs-header")
+        # the SM clock NVML recorded, on the busy chart's own axis, with the power draw in its hover
+        clock = page.evaluate("""() => { const el = document.getElementById('bs-c-busy');
+            const t = el.data.find(t => t.name === 'SM clock MHz');
+            return t && {x: t.x, y: t.y, w: t.customdata, axis: t.yaxis, side: el.layout.yaxis2.side}; }""")
+        assert clock and clock["axis"] == "y2" and clock["side"] == "right"
+        recorded = {round(n["t_us"] / 1e6, 6): (n["sm_clock_mhz"], n["power_w"]) for n in doc["nvml"]}
+        assert len(clock["x"]) > 10
+        for x, y, w in zip(clock["x"], clock["y"], clock["w"]):
+            assert recorded[round(x, 6)] == (y, w)
+        assert "SM clock" in page.evaluate("document.getElementById('bs-c-busy').layout.title.text")
         # readable idle causes and switch markers
         assert "host filling the batch" in page.text_content("#bs-board")
         labels = page.eval_on_selector_all("#bs-gantt .annotation-text", "els => els.map(e => e.textContent)")

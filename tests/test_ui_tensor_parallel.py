@@ -309,6 +309,7 @@ def test_replay_with_rank_steps_draws_rank_1_lanes(tp_replay, browser):
         names = page.evaluate("document.getElementById('bs-c-busy').data.map(t => t.name)")
         assert {"rank 0 busy %", "rank 1 busy %", "GPU0 util", "GPU1 util"} <= set(names), names
         assert "NVML util" not in names, names      # the per-GPU samples are not one zig-zag line
+        assert "GPU0 SM clock MHz" in names and "GPU1 SM clock MHz" not in names, names   # one clock line
         # zoomed in to a few steps: stripes, and the hover on rank 1 says the all-reduce share
         s = doc["steps"][len(doc["steps"]) // 2]
         a, b = s["gpu"]["compute"]
@@ -343,7 +344,7 @@ def test_old_timeline_replays_as_before(tp_replay, browser):
         assert page.evaluate("document.getElementById('bs-gantt').layout.height") == 318
         assert not [k for k in lanes(page) if k.startswith("r1:")]
         names = page.evaluate("document.getElementById('bs-c-busy').data.map(t => t.name)")
-        assert names == ["event busy %", "NVML util"], names
+        assert names == ["event busy %", "NVML util", "SM clock MHz"], names
         assert not w.errors, w.errors
     finally:
         w.close()

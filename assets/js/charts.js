@@ -1,5 +1,5 @@
-/* The six small charts under the Gantt: busy % (events vs NVML), throughput, batch composition, KV cache,
- * queue depth, and step interval vs idle gap. Every chart shares the x range and the sync/async tint.
+/* The six small charts under the Gantt: busy % (events vs NVML, with the SM clock), throughput, batch composition,
+ * KV cache, queue depth, and step interval vs idle gap. Every chart shares the x range and the sync/async tint.
  *
  * Each chart is drawn on its own (drawChart), from a context made once per picture (chartContext), so the
  * redraw scheduler can spread a picture over several turns of the event loop. The rates are re-binned to the
@@ -130,7 +130,9 @@ const GPU_LINES = [["#475569", "dash"], ["#94a3b8", "dot"], ["#334155", "dashdot
 // tensor parallelism, one busy line per rank and one NVML line per GPU.
 function drawBusy(el, ctx) {
   const r = ctx.rates();
-  const { nv, nvKey, perGpu } = utilization(samplesAround(ctx.d.nvml, ctx.lo, ctx.hi));
+  const samples = samplesAround(ctx.d.nvml, ctx.lo, ctx.hi);
+  const { nv, nvKey, perGpu } = utilization(samples);
+  const clock = smClock(samples);
   const nvName = nvKey === "gpu_util" ? "NVML util" : "host CPU % (no NVML)";
   const busyName = r.hostBasis ? "compute busy % (host spans)" : "event busy %";
   // (short names under tensor parallelism: the legend holds a line per rank and per GPU; the title says what
@@ -152,14 +154,42 @@ function drawBusy(el, ctx) {
   } else {
     traces.push(line(nvName, nv, "#475569", { mode: "lines", line: { color: "#475569", width: 1.2, dash: "dash" } }));
   }
+  // The SM clock on its own axis: a GPU at its power limit stays 100% busy and gets slower, and this shows it.
+  if (clock.x.length) traces.push(line(clock.name, clock, CLOCK_COLOR, {
+    mode: "lines", yaxis: "y2", customdata: clock.w, line: { color: CLOCK_COLOR, width: 1.3 },
+    hovertemplate: clock.w.some(v => v !== null) ? "%{y:.0f} MHz · %{customdata:.0f} W" : "%{y:.0f} MHz" }));
   // a line per rank and per GPU: the legend takes more rows (about two entries a row on a narrow chart), and
   // the chart grows by them instead of squeezing its plot
   const extraRows = Math.max(0, Math.ceil(traces.length / 2) - 2);
   const grow = extraRows ? { height: CHART_HEIGHT + LEGEND_ROW_PX * extraRows } : {};
+  const right = clock.x.length ? {
+    // the top clock at two thirds of the height: under the busy lines at 100%, with room to show a drop
+    yaxis2: { overlaying: "y", side: "right", range: [0, 1.5 * Math.max(...clock.y)], showgrid: false, zeroline: false,
+              ticksuffix: " MHz", tickfont: { size: fontPx(9), color: CLOCK_COLOR }, fixedrange: true },
+    margin: Object.assign({}, ctx.layout("").margin, { r: Math.round(6.5 * fontPx(9)) }),   // room for "1980 MHz"
+  } : {};
   draw(el, traces, ctx.layout("Busy %: " + (r.hostBasis ? "compute spans (host)" : "CUDA events") +
-                              (nvKey === "gpu_util" ? " vs NVML" : nvKey ? " vs host CPU" : "") + ` · per ${duration(r.win)}`, Object.assign({
+                              (nvKey === "gpu_util" ? " vs NVML" : nvKey ? " vs host CPU" : "") +
+                              (clock.x.length ? " · SM clock" : "") + ` · per ${duration(r.win)}`, Object.assign({
     yaxis: { range: [0, 105], gridcolor: GRID, ticksuffix: "%", tickfont: { size: fontPx(10) }, zeroline: false, fixedrange: true },
-  }, grow)));
+  }, grow, right)));
+}
+
+const CLOCK_COLOR = "#a16207";
+
+// NVML's SM clock (MHz) and board power (W, for the hover) where the samples carry them; under tensor
+// parallelism, the first GPU's (the ranks run in step, and one more line per GPU would crowd the legend).
+function smClock(samples) {
+  const gpus = samples.filter(s => typeof s.gpu === "number").map(s => s.gpu);
+  const first = gpus.length ? Math.min(...gpus) : null;
+  const out = { x: [], y: [], w: [], name: first === null ? "SM clock MHz" : "GPU" + first + " SM clock MHz" };
+  for (const s of samples) {
+    if (first !== null && s.gpu !== first) continue;
+    if (typeof s.sm_clock_mhz !== "number") continue;
+    out.x.push(s.t_us / 1e6); out.y.push(s.sm_clock_mhz);
+    out.w.push(typeof s.power_w === "number" ? s.power_w : null);
+  }
+  return out;
 }
 
 function drawThroughput(el, ctx) {
