@@ -42,7 +42,7 @@ class EngineCore:
         self.scheduler, self.runner = scheduler, runner
         self.eos_ids = frozenset(eos_ids)
         self.detokenize = detokenize            # (token ids, cut) -> text: a finished request's, decoded by its reader
-        self.stop_checker = stop_checker        # (request) -> where the first stop string starts, or None
+        self.stop_checker = stop_checker        # (request) -> where a stop string starts in its text, or None
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wakeup = threading.Event()
         self.handles: dict[str, RequestHandle] = {}
@@ -201,10 +201,10 @@ class EngineCore:
             if req.first_token_ns is None:
                 req.first_token_ns = t
             delivered.append((req.id, 1))
-            reason = None
+            reason = cut = None
             if tok in self.eos_ids and not req.params.ignore_eos:
                 reason = "eos"
-            elif req.params.stop and self.stop_checker(req) is not None:
+            elif req.params.stop and (cut := self.stop_checker(req)) is not None:
                 reason = "stop"
             elif (len(req.output_ids) >= req.params.max_new_tokens
                   or req.known_len >= self.scheduler.max_model_len):
@@ -214,14 +214,15 @@ class EngineCore:
                 if handle is not None and handle.streaming:
                     handle.deliver(TokenDelta([tok], ""))
             else:
-                self._finish(req, reason, last_token=tok)
+                self._finish(req, reason, last_token=tok, text_cut=cut)
         return delivered
 
-    def _finish(self, req: Request, reason: str, error: str | None = None, last_token: int | None = None) -> None:
+    def _finish(self, req: Request, reason: str, error: str | None = None, last_token: int | None = None,
+                text_cut: int | None = None) -> None:
         req.finish_reason, req.error, req.finish_ns = reason, error, now()
         self._finished.append((req.id, reason, len(req.prompt_ids), len(req.output_ids)))
         self.scheduler.remove(req)
-        req.text_cut = self.stop_checker(req) if reason == "stop" else None
+        req.text_cut = text_cut
         handle = self.handles.pop(req.id, None)
         self.requests.pop(req.id, None)
         if handle is not None:

@@ -18,7 +18,7 @@ from .loop import LOOPS
 from .models import weight_bytes
 from .peers import Peers, init_group
 from .rank import blocks_that_fit, check_tensor_parallel, load_rank, make_runner, rank_device
-from .request import Request, RequestHandle, RequestOutput
+from .request import IncrementalDetokenizer, Request, RequestHandle, RequestOutput
 from .scheduler import Scheduler
 
 Prompt = str | Sequence[int]
@@ -204,11 +204,19 @@ class Engine:
         return text if cut is None else text[:cut]
 
     def _stop_at(self, req: Request) -> int | None:
-        """Where the first stop string starts in the output text, or None. Decodes only on requests with stops."""
+        """Where a stop string starts in the output text, once the latest tokens complete one; else None.
+        Decodes only the text of the tokens new since the last call (with a few before them as context), never the
+        whole output: on the engine loop that would grow with every token of every request that has stops."""
         if not req.params.stop or self.tokenizer is None:
             return None
-        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
-        hits = [text.find(s) for s in req.params.stop if s in text]
+        if req.stop_scan is None:
+            req.stop_scan = IncrementalDetokenizer(self._detokenize)
+        scan = req.stop_scan
+        seen = len(scan.emitted)
+        scan.push(req.output_ids[len(scan.ids):])
+        # earlier text held no stop string (or this request would have stopped): look where the new text can reach
+        start = max(0, seen - max(len(s) for s in req.params.stop) + 1)
+        hits = [h for h in (scan.emitted.find(s, start) for s in req.params.stop) if h >= 0]
         return min(hits) if hits else None
 
     def _describe(self, num_blocks: int) -> dict:

@@ -61,6 +61,7 @@ class Request:
     first_token_ns: int | None = None
     finish_ns: int | None = None
     text_cut: int | None = None     # where a stop string cut the output text
+    stop_scan: IncrementalDetokenizer | None = None   # the output's text so far, kept for stop strings only
 
     @property
     def known_len(self) -> int:

@@ -92,6 +92,28 @@ def test_stop_string_finishes_and_cuts_text(engine):
     assert len(out.token_ids) < 12
 
 
+def test_stop_strings_are_checked_on_the_new_text_only(engine):
+    """The loop checks a request's stop strings every step: it decodes only the newest tokens' text (with a little
+    context), not the whole output, which would grow with every token."""
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    full = engine.generate(["Tell me a story"], params)[0]
+    stop = engine.tokenizer.decode(full.token_ids[30:32], skip_special_tokens=True).strip()
+    assert stop and stop in full.text
+    tok = engine.tokenizer
+    lengths = []
+    original = tok.decode
+    tok.decode = lambda ids, *a, **k: lengths.append(len(ids)) or original(ids, *a, **k)
+    try:
+        handle = engine.submit("Tell me a story", SamplingParams(max_new_tokens=40, ignore_eos=True,
+                                                                 stop=(stop, "never in this text \u2603")))
+        out = handle.result(timeout=60)
+        during = list(lengths)
+    finally:
+        tok.decode = original
+    assert out.finish_reason == "stop" and out.text == full.text[:full.text.find(stop)]
+    assert len(out.token_ids) >= 25 and during and max(during) <= 8, during
+
+
 @pytest.mark.parametrize("prompt, params, message", [
     ("", SamplingParams(), "empty"),
     ([], SamplingParams(), "empty"),
