@@ -162,8 +162,15 @@ def test_cpu_page_says_why_and_opens_the_h200_example(server, browser):
         assert page.query_selector("#bs-st-nvml") is None
         page.wait_for_function("/^\\d+%$/.test(document.getElementById('bs-st-cpu').textContent)", timeout=T)
         assert "this batchscope server" in page.get_attribute("#bs-st-cpu", "title")
-        idle_cpu = float(page.text_content("#bs-st-cpu").rstrip("%"))
-        assert idle_cpu < 50, f"an idle server should not read {idle_cpu}% of a core"
+        # idle: the lowest of the readings over a few seconds (the first may still hold the server's start-up,
+        # and a CI box's other work lands in this test process's CPU time now and then)
+        readings = []
+        for _ in range(6):
+            readings.append(float(page.text_content("#bs-st-cpu").rstrip("%")))
+            if readings[-1] < 50:
+                break
+            time.sleep(1.0)
+        assert min(readings) < 50, f"an idle server should not read {readings}% of a core"
 
         # one click: the H200 recording in the same charts, with loading feedback, as a replay
         page.click("#bs-example")
