@@ -9,13 +9,11 @@ for n in ${*:-1 8 32 64 128 256}; do
     --new-tokens 512 --modes sync,async --out "$OUT/scale_$n.json" --no-progress 2>&1 | tail -4
   rm -f "$OUT"/scale_"$n".*.timeline.json
 done
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" ${*:-1 8 32 64 128 256} <<'PY'
 import json, sys, pathlib
 rows = []
-for f in sorted(pathlib.Path(sys.argv[1]).glob("scale_[0-9]*.json"), key=lambda p: int(p.stem.split("_")[1])):
-    if not f.stem.split("_")[1].isdigit() or len(f.stem.split("_")) > 2:
-        continue                        # another bench's JSON in the same folder (scale_256_r3.json, ...)
-    d = json.loads(f.read_text())
+for n in sys.argv[2:]:                  # the sizes this run measured, not whatever else lies in the folder
+    d = json.loads((pathlib.Path(sys.argv[1]) / f"scale_{n}.json").read_text())
     r, fl = d["results"], d["floor"]
     rows.append((d["workload"]["requests"], fl["ms_per_step"], fl["roofline"]["ms_per_step"],
                  (fl.get("roofline_held") or {}).get("ms_per_step"), r["sync"]["decode_ms_per_step"],

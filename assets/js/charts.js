@@ -6,7 +6,8 @@
  * window: a fixed number of points across it, each the average over a window of at least four steps, so a
  * zoom narrower than a step still shows the local busy % and tokens/s instead of an empty chart. */
 import { dataExtent, samplesAround, state, stepRange, stepsAround, tensorParallel } from "./feed.js";
-import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, draw, fontPx, modeRuns, modeShapes, titled } from "./plot.js";
+import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, chartMargin, draw, fontPx, modeRuns, modeShapes, titled }
+  from "./plot.js";
 import { $ } from "./util.js";
 
 export const CHARTS = ["bs-c-busy", "bs-c-tps", "bs-c-batch", "bs-c-kv", "bs-c-queue", "bs-c-step"];
@@ -169,7 +170,7 @@ function drawBusy(el, ctx) {
     // the top clock at two thirds of the height: under the busy lines at 100%, with room to show a drop
     yaxis2: { overlaying: "y", side: "right", range: [0, 1.5 * Math.max(...clock.y)], showgrid: false, zeroline: false,
               ticksuffix: " MHz", tickfont: { size: fontPx(9), color: CLOCK_COLOR }, fixedrange: true },
-    margin: Object.assign({}, ctx.layout("").margin, { r: Math.round(6.5 * fontPx(9)) }),   // room for "1980 MHz"
+    margin: chartMargin(Math.round(6.5 * fontPx(9))),   // room for "1980 MHz"
   } : {};
   draw(el, traces, ctx.layout("Busy %: " + (r.hostBasis ? "compute spans (host)" : "CUDA events") +
                               (nvKey === "gpu_util" ? " vs NVML" : nvKey ? " vs host CPU" : "") +

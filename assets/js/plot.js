@@ -123,11 +123,16 @@ export function fontPx(size) {
   return Math.round(size * textScale() * 2) / 2;
 }
 
-export function baseLayout(lo, hi, extra) {
+// A chart's margins at the page's text size; `right` widens the right one (for a second y axis's labels).
+export function chartMargin(right = 10) {
   const k = textScale();
+  return { l: Math.round(48 * k), r: right, t: Math.round(44 * k), b: Math.round(24 * k) };
+}
+
+export function baseLayout(lo, hi, extra) {
   return Object.assign({
     font: Object.assign({}, FONT, { size: fontPx(FONT.size) }), paper_bgcolor: "#ffffff", plot_bgcolor: "#ffffff",
-    margin: { l: Math.round(48 * k), r: 10, t: Math.round(44 * k), b: Math.round(24 * k) },
+    margin: chartMargin(),
     xaxis: { range: [lo / 1e6, hi / 1e6], gridcolor: GRID, zeroline: false, ticksuffix: " s", tickfont: { size: fontPx(10) } },
     // y is fixed: a drag zooms time only, the axis every chart shares
     // (a fixed margin: measuring the tick labels for an automatic one costs a millisecond a chart every redraw)
