@@ -141,7 +141,7 @@ def make_prompts(requests: int, prompt_tokens: int, vocab: int, seed: int) -> li
 
 def run_benchmark(args) -> dict:
     args = _complete(args)
-    from batchscope.engine.models import resolve_device
+    from batchscope.engine.model.loading import resolve_device
 
     device = resolve_device(args.device)
     show = not args.no_progress
@@ -412,5 +412,5 @@ def main(args=None) -> int:
 
 
 if __name__ == "__main__":
-    from batchscope.engine.peers import leave
+    from batchscope.engine.parallel.ranks import leave
     sys.exit(leave(main()))

@@ -139,7 +139,7 @@ class TransformersRunner:
         import transformers
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
-        from batchscope.engine.models import load_model
+        from batchscope.engine.model.loading import load_model
 
         self.version = transformers.__version__
         self.model = load_model(config, "sdpa").model

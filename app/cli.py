@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rc = args.func(args)
     if "torch" in sys.modules:     # a tensor-parallel run on CUDA exits without tearing its NCCL group down
-        from batchscope.engine.peers import leave
+        from batchscope.engine.parallel.ranks import leave
         rc = leave(rc)
     return rc
 

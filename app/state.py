@@ -16,7 +16,6 @@ from typing import Iterator
 
 from batchscope.engine.config import EngineConfig, SamplingParams
 from batchscope.telemetry.nvml import BUSY_NOTE
-from batchscope.telemetry.session import engine_counters
 
 from .bursts import BurstManager
 from .errors import BusyError, NoEngineError, NotFoundError, ShuttingDownError
@@ -137,7 +136,8 @@ class AppState:
                           nvml_reason="replay-only: nothing is sampled", busy_note=BUSY_NOTE)
         info = self.engine.info
         tel = self.telemetry.status() if self.telemetry is not None else {}
-        return Status(**base, **engine_counters(self.engine.stats()),
+        counters = {k: v for k, v in self.engine.stats().items() if k != "mode"}   # the mode is the health's
+        return Status(**base, **counters,
                       dtype=info.get("dtype"), gpu_name=info.get("gpu_name") or tel.get("gpu_name"), info=info,
                       bursts_running=self.bursts.running(), bursts=self.bursts.status(), recording=self._recording,
                       loads_running=1 if self.bursts.running_load() else 0, mode_lock=self.bursts.mode_lock(),
@@ -188,9 +188,9 @@ class AppState:
         """Queue one request (refused with 429 when the engine's queue is already deep)."""
         eng = self._need_engine()
         self._refuse_when_shutting_down()
-        waiting = eng.stats().get("waiting", 0)
-        if waiting >= self.limits.max_waiting_requests:
-            raise BusyError(f"{waiting} requests already waiting (limit {self.limits.max_waiting_requests}); "
+        queued = eng.stats().get("queue", 0)
+        if queued >= self.limits.max_waiting_requests:
+            raise BusyError(f"{queued} requests already waiting (limit {self.limits.max_waiting_requests}); "
                             "retry later")
         with self._inflight_lock:
             self._inflight = {h for h in self._inflight if not h.done}

@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
-from batchscope.engine import attention_triton as at  # noqa: E402
-from batchscope.engine.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
+from batchscope.engine.kernels import paged_attention as at  # noqa: E402
+from batchscope.engine.model.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
 
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 DEV = "cuda"
@@ -53,7 +53,7 @@ def make_meta(tables: torch.Tensor, seq_lens: list[int], query_lens: list[int], 
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEV),
         block_tables=tables.to(DEV, torch.int32),
         query_start_host=qsl, seq_lens_host=list(seq_lens), max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens), kv_caches=[(k_cache, v_cache)], kernel="triton")
+        max_seq_len=max(seq_lens), kv_caches=[(k_cache, v_cache)], backend="triton")
 
 
 def random_case(seq_lens, query_lens, heads, kv_heads, head_dim, block_size, dtype, seed, table_width=None):

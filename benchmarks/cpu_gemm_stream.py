@@ -66,7 +66,7 @@ def step_profile(packed: bool) -> dict:
                               fused_kernels=packed))
     prompts = [[rng.randrange(49152) for _ in range(128)] for _ in range(8)]
     eng.generate(prompts, SamplingParams(max_new_tokens=4, ignore_eos=True))
-    runner, forward = eng._core.runner, eng._core.runner._forward
+    runner, forward = eng.runner, eng.runner._forward
     seen = {"n": 0, "ms": [], "prof": None}
 
     def timed(batch, prev, start=None):

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from attention_kernels import DecodeBench, copy_bandwidth  # noqa: E402
 
-from batchscope.engine import attention_triton as at  # noqa: E402
+from batchscope.engine.kernels import paged_attention as at  # noqa: E402
 
 
 def ints(text: str) -> list[int]:

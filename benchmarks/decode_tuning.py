@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from attention_kernels import DecodeBench, copy_bandwidth  # noqa: E402
 
-from batchscope.engine import attention_triton as at  # noqa: E402
+from batchscope.engine.kernels import paged_attention as at  # noqa: E402
 
 CONTEXTS = [300, 512, 1024, 2048, 4352, 8448]
 

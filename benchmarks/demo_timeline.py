@@ -63,6 +63,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from batchscope.engine.peers import leave
+    from batchscope.engine.parallel.ranks import leave
     main()
     leave(0)

@@ -1,4 +1,4 @@
-"""Check and time batchscope's fused RMSNorm and rotary kernels (engine/fused.py) against transformers' eager code.
+"""Check and time batchscope's fused RMSNorm and rotary kernels (engine/kernels/rms_norm.py, rotary.py) against transformers' eager code.
 
     python benchmarks/fused_kernels.py [--out results.json]
 
@@ -30,7 +30,7 @@ from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
-from batchscope.engine import fused  # noqa: E402
+from batchscope.engine.kernels import rms_norm as rms, rotary as rot  # noqa: E402
 
 DEV = "cuda"
 eager_rotary = modeling_llama.apply_rotary_pos_emb   # read before anything could patch it
@@ -71,7 +71,7 @@ def check_norms(results: list[dict]) -> None:
             x = (2 * torch.randn(shape, generator=gen, device=DEV)).to(dtype)
             with torch.inference_mode():
                 ref = LlamaRMSNorm.forward(norm, x)
-                out = fused.rms_norm(x, norm.weight, norm.variance_epsilon)
+                out = rms.rms_norm(x, norm.weight, norm.variance_epsilon)
             if out is None:
                 results.append(dict(check=f"rms_norm {label} {list(shape)} {dtype}", ok=False, detail="declined"))
                 continue
@@ -90,7 +90,7 @@ def check_rotary(results: list[dict]) -> None:
             q, k, cos, sin = rotary_inputs(Hq, Hk, T, D, dtype, seed=T + Hq)
             with torch.inference_mode():
                 ref = eager_rotary(q, k, cos, sin)
-                out = fused.apply_rotary(q, k, cos, sin)
+                out = rot.apply_rotary(q, k, cos, sin)
             if out is None:
                 results.append(dict(check=f"rotary {label} {dtype}", ok=False, detail="declined"))
                 continue
@@ -104,13 +104,13 @@ def check_graph_and_syncs(results: list[dict]) -> None:
     norm = make_norm(4096, torch.bfloat16)
     x = torch.randn(32, 4096, device=DEV).to(torch.bfloat16)
     q, k, cos, sin = rotary_inputs(32, 8, 32, 128, torch.bfloat16)
-    fused.rms_norm(x, norm.weight, 1e-5)
-    fused.apply_rotary(q, k, cos, sin)
+    rms.rms_norm(x, norm.weight, 1e-5)
+    rot.apply_rotary(q, k, cos, sin)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        fused.rms_norm(x, norm.weight, 1e-5)
-        fused.apply_rotary(q, k, cos, sin)
+        rms.rms_norm(x, norm.weight, 1e-5)
+        rot.apply_rotary(q, k, cos, sin)
         no_sync = True
     except RuntimeError:
         no_sync = False
@@ -119,8 +119,8 @@ def check_graph_and_syncs(results: list[dict]) -> None:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = fused.rms_norm(x, norm.weight, 1e-5)
-        q_out, _ = fused.apply_rotary(q, k, cos, sin)
+        y = rms.rms_norm(x, norm.weight, 1e-5)
+        q_out, _ = rot.apply_rotary(q, k, cos, sin)
     ok = no_sync
     for seed in (2, 3):
         gen = torch.Generator(device=DEV).manual_seed(seed)
@@ -150,12 +150,12 @@ def timings() -> list[dict]:
         norm = make_norm(shape[-1], torch.bfloat16)
         x = torch.randn(shape, device=DEV).to(torch.bfloat16)
         rows.append(time_pair(label, lambda n=norm, x=x: LlamaRMSNorm.forward(n, x),
-                              lambda n=norm, x=x: fused.rms_norm(x, n.weight, n.variance_epsilon)))
+                              lambda n=norm, x=x: rms.rms_norm(x, n.weight, n.variance_epsilon)))
     for label, (Hq, Hk, T) in (("rotary q[1,32,32,128] k[1,8,32,128] bf16", (32, 8, 32)),
                                ("rotary prefill T=2048 bf16", (32, 8, 2048))):
         q, k, cos, sin = rotary_inputs(Hq, Hk, T, 128, torch.bfloat16)
         rows.append(time_pair(label, lambda q=q, k=k, c=cos, s=sin: eager_rotary(q, k, c, s),
-                              lambda q=q, k=k, c=cos, s=sin: fused.apply_rotary(q, k, c, s)))
+                              lambda q=q, k=k, c=cos, s=sin: rot.apply_rotary(q, k, c, s)))
     # per decode step of Llama-3-8B: 65 norms (2 per layer + the final one) and 32 rotaries, in-graph times
     norm_row, rot_row = rows[0], rows[2]
     rows.append({"case": "llama3-8b step: 65 norms + 32 rotary (graph)",

@@ -21,7 +21,7 @@ import statistics
 import torch
 
 from batchscope.engine import EngineConfig
-from batchscope.engine.models import load_model
+from batchscope.engine.model.loading import load_model
 
 
 def copy_bandwidth_gbps(device: torch.device, mib: int = 1024) -> float:

@@ -13,7 +13,7 @@ import statistics
 
 import torch
 
-from batchscope.engine import moe_triton
+from batchscope.engine.kernels import moe as moe_triton
 
 
 class Experts(torch.nn.Module):

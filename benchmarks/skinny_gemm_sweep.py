@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from attention_kernels import copy_bandwidth  # noqa: E402
 
-from batchscope.engine.skinny_gemm import SkinnyGemm  # noqa: E402
+from batchscope.engine.kernels.skinny_gemm import SkinnyGemm  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096, 32), "o": (4096, 4096, 32), "gate_up": (28672, 4096, 32),
           "down": (4096, 14336, 32), "lm_head": (128256, 4096, 4)}

@@ -433,7 +433,7 @@ def profiled_run(ck: Check, mode: str, trace_path: Path) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     work, tel = ck.work, ck.telemetry()
-    runner = work.engine._core.runner
+    runner = work.engine.runner
     original = runner.launch
 
     def launch(batch):

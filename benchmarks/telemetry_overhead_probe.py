@@ -45,7 +45,7 @@ class PhaseClock:
     """Accumulates host time per engine phase by wrapping the engine's own methods (instance attributes)."""
 
     def __init__(self, engine: Engine):
-        core, runner = engine._core, engine._core.runner
+        core, runner = engine._core, engine.runner
         self.core, self.ns = core, dict.fromkeys(PHASES, 0)
         for obj, method, phase in ((core, "build", "build"), (runner, "launch", "launch"),
                                    (core, "flush_traces", "observers"), (runner, "wait", "wait"),

@@ -34,7 +34,7 @@ def main() -> None:
         os.environ.setdefault(key, value)
     from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
 
-    from batchscope.engine.models import _random_model, random_preset_config
+    from batchscope.engine.model.loading import _random_model, random_preset_config
 
     rank = int(os.environ.get("RANK", "0"))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .parallel import wire
 from .scheduler import StepPlan
 
 
@@ -85,6 +86,18 @@ class Batch:
     num_carried: int
     num_sampled: int                 # rows whose token the host reads back (padding rows excluded)
     graph_bucket: int | None = None  # set when the step replays a captured decode graph
+
+    def to_message(self) -> bytes:
+        """This step as bytes for the other tensor-parallel ranks (parallel/wire.py; `from_message` reads it)."""
+        n64, n32, nf = self.sizes
+        lay, s = self.layout, self.slot
+        header = {"step": self.plan.step, "slot": s.index, "T": lay.T, "B": lay.B, "S": lay.S,
+                  "max_blocks": lay.max_blocks, "n64": n64, "n32": n32, "nf": nf,
+                  "graph_bucket": -1 if self.graph_bucket is None else self.graph_bucket,
+                  "any_random": self.any_random, "any_filter": self.any_filter, "num_carried": self.num_carried,
+                  "num_sampled": self.num_sampled, "max_query_len": self.max_query_len,
+                  "max_seq_len": self.max_seq_len}
+        return wire.encode(header, s.np64[:n64], s.np32[:n32], s.npf[:nf])
 
     def view(self, name: str) -> torch.Tensor:
         for layout, buf in ((self.layout.i64(), self.slot.dev64), (self.layout.i32(), self.slot.dev32),
@@ -163,40 +176,12 @@ def fill_slot(plan: StepPlan, slot: IoSlot, block_size: int, pad_to: int | None 
 
 
 # -- the same step on the other tensor-parallel ranks ----------------------------------------------------------
-# Rank 0 fills its slot from the plan; the other ranks get the filled packs as bytes and run the same step.
-_HEADER = ("step", "slot", "T", "B", "S", "max_blocks", "n64", "n32", "nf", "graph_bucket", "any_random",
-           "any_filter", "num_carried", "num_sampled", "max_query_len", "max_seq_len")
-
-
-def step_message(batch: Batch) -> bytes:
-    """A filled slot as bytes: a header of ints, then the used part of the three packs."""
-    n64, n32, nf = batch.sizes
-    lay = batch.layout
-    header = np.array([batch.plan.step, batch.slot.index, lay.T, lay.B, lay.S, lay.max_blocks, n64, n32, nf,
-                       -1 if batch.graph_bucket is None else batch.graph_bucket, batch.any_random, batch.any_filter,
-                       batch.num_carried, batch.num_sampled, batch.max_query_len, batch.max_seq_len], dtype=np.int64)
-    s = batch.slot
-    return b"".join((header.tobytes(), s.np64[:n64].tobytes(), s.np32[:n32].tobytes(), s.npf[:nf].tobytes()))
-
-
-def message_step(data: bytes) -> int:
-    return int(np.frombuffer(data, dtype=np.int64, count=1)[0])
-
-
-def message_slot(data: bytes) -> int:
-    return int(np.frombuffer(data, dtype=np.int64, count=2)[1])
-
-
-def fill_from_message(data: bytes, slot: IoSlot) -> Batch:
-    """Write a step_message into this rank's own slot (the caller has waited for it to be free)."""
-    h = dict(zip(_HEADER, np.frombuffer(data, dtype=np.int64, count=len(_HEADER)).tolist()))
-    at = len(_HEADER) * 8
+# Rank 0 fills its slot from the plan; the other ranks get the filled packs (parallel/wire.py) and run the same step.
+def from_message(data: bytes, slot: IoSlot) -> Batch:
+    """Write a message into this rank's own slot (the caller has waited for it to be free)."""
+    h, p64, p32, pf = wire.decode(data)
     n64, n32, nf = h["n64"], h["n32"], h["nf"]
-    slot.np64[:n64] = np.frombuffer(data, dtype=np.int64, count=n64, offset=at)
-    at += n64 * 8
-    slot.np32[:n32] = np.frombuffer(data, dtype=np.int32, count=n32, offset=at)
-    at += n32 * 4
-    slot.npf[:nf] = np.frombuffer(data, dtype=np.float32, count=nf, offset=at)
+    slot.np64[:n64], slot.np32[:n32], slot.npf[:nf] = p64, p32, pf
     layout = PackLayout(h["T"], h["B"], h["S"], h["max_blocks"])
     a, b = layout.i32()["query_start_loc"]
     qsl = slot.np32[a:b].tolist()

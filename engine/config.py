@@ -1,7 +1,7 @@
-"""Engine and sampling configuration: plain dataclasses, validated once at the edge."""
+"""Engine and sampling configuration: plain dataclasses, validated once at the edge (fields only: whether a model
+folder loads is model.loading.preflight's question). The one module every part of the engine may import."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 MODES = ("sync", "async")
@@ -31,9 +31,9 @@ class EngineConfig:
     seed: int = 0
     attention: str = "auto"         # "auto" | "torch" | "triton"
     cuda_graphs: bool = True        # decode steps replay CUDA graphs where the attention path allows it
-    fused_kernels: bool = True      # CUDA with Triton: fused RMSNorm, rotary and SiLU*up kernels for eager ops;
-                                    # CPU: linear weights prepacked for oneDNN (engine.cpu_gemm)
-    merge_projections: bool = True  # one GEMM for q/k/v and one for gate/up per layer (engine.projections)
+    fused_kernels: bool = True      # batchscope's kernels in the model (model/speedups.py): on CUDA with Triton,
+                                    # fused norms, rotary, SiLU*up, few-row GEMMs; on CPU, oneDNN-packed linears
+    merge_projections: bool = True  # one GEMM for q/k/v and one for gate/up per layer (kernels/projections.py)
     tensor_parallel_size: int = 1   # ranks (one process and one GPU each) the model's layers are split over
 
     def validate(self) -> "EngineConfig":
@@ -56,10 +56,6 @@ class EngineConfig:
             raise ConfigError(f"kv_memory_fraction must be in (0, 1), got {self.kv_memory_fraction!r}")
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError(f"model must be a preset name, a checkpoint folder or a hub id, got {self.model!r}")
-        if os.path.isdir(self.model):
-            # a local checkpoint: its files and the support policy's static half, before any weight is read
-            from .models import preflight     # lazy: it imports torch and transformers
-            preflight(self.model)
         return self
 
 

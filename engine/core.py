@@ -121,7 +121,7 @@ class EngineCore:
         caller waits forever."""
         self.flush_traces()
         self._drain_inbox()
-        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+        for req in list(self.scheduler.running) + list(self.scheduler.queue):
             self._finish(req, "cancelled")
 
     def _drain_inbox(self) -> None:

@@ -11,14 +11,15 @@ from typing import Sequence
 
 import torch
 
+from .build import blocks_that_fit, check_tensor_parallel, load_rank, make_runner, rank_device
 from .config import ConfigError, EngineConfig, EngineUnavailable, SamplingParams
 from .core import EngineCore
-from .kv_cache import BlockAllocator, kv_bytes_per_token
+from .kv_cache import BlockAllocator
 from .loop import LOOPS
-from .models import weight_bytes
-from .peers import Peers, init_group
-from .rank import blocks_that_fit, check_tensor_parallel, load_rank, make_runner, rank_device
+from .model.loading import preflight, weight_bytes
+from .parallel.ranks import start_ranks
 from .request import IncrementalDetokenizer, Request, RequestHandle, RequestOutput
+from .runner import ModelRunner
 from .scheduler import Scheduler
 
 Prompt = str | Sequence[int]
@@ -29,36 +30,27 @@ class Engine:
 
     def __init__(self, config: EngineConfig | None = None, observer=None):
         self.config = config = (config or EngineConfig()).validate()
+        preflight(config.model)
         check_tensor_parallel(config)
-        # Ranks 1..N-1 start first and load their shares while this process loads its own (peers.py).
-        self._peers = Peers(config) if config.tensor_parallel_size > 1 else None
+        # Ranks 1..N-1 (if any) start first and load their shares while this process loads its own (peer.py).
+        self._ranks = start_ranks(config)
         try:
-            if self._peers is not None:
-                self._peers.expect("joining")
-                init_group(0, config.tensor_parallel_size, self._peers.port, rank_device(config, 0))
+            self._ranks.join(rank_device(config, 0))
             rm = load_rank(config, 0)
-            num_blocks = blocks_that_fit(rm, config)
-            if self._peers is not None:       # one block table for all ranks: the smallest cache that fits all
-                num_blocks = min([num_blocks, *self._peers.expect("blocks")])
-                self._peers.send("blocks", num_blocks)
-            self.device, self.kernel = rm.device, rm.kernel
-            self.merged, self.fused, self.tp_layout = rm.merged, rm.fused, rm.layout
+            num_blocks = self._ranks.agree_blocks(blocks_that_fit(rm, config))
+            self.device, self.attention = rm.device, rm.attention
+            self.merged, self.kernels, self.tp_layout = rm.merged, rm.kernels, rm.layout
             loaded = rm.loaded
             self.model, self.tokenizer = loaded.model, loaded.tokenizer
             self.eos_token_ids = loaded.eos_token_ids
             self.support = loaded.support
             self.max_model_len = loaded.max_model_len
-            self.kv, runner = make_runner(rm, config, num_blocks, show_progress=True)
-            if self._peers is not None:
-                self.ranks = [{"rank": 0, "device": str(rm.device), "cuda_graphs": runner.use_graphs},
-                              *self._peers.expect("ready")]
-                runner.peers = self._peers
-                self._peers.serve()
-            else:
-                self.ranks = [{"rank": 0, "device": str(rm.device), "cuda_graphs": runner.use_graphs}]
+            self.kv, runner = make_runner(rm, config, num_blocks, self._ranks, show_progress=True)
+            self.ranks = [{"rank": 0, "device": str(rm.device), "cuda_graphs": runner.graphs.enabled},
+                          *self._ranks.ready()]
+            self._ranks.serve()
         except BaseException:
-            if self._peers is not None:
-                self._peers.close()
+            self._ranks.close()
             raise
         self.allocator = BlockAllocator(num_blocks)
         scheduler = Scheduler(self.allocator, config.block_size, config.max_batch_tokens, config.max_running,
@@ -90,6 +82,21 @@ class Engine:
             raise ConfigError(f"mode must be one of {tuple(LOOPS)}, got {mode!r}")
         self._core.request_mode(mode)
 
+    # -- read-only views, for tools and tests that look inside ----------------------------------------------------
+    @property
+    def runner(self) -> ModelRunner:
+        """The model side: streams, IO slots, the decode graphs (`runner.graphs`)."""
+        return self._core.runner
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """Who runs next: the queue, the running requests, the KV block allocator."""
+        return self._core.scheduler
+
+    @property
+    def observers(self) -> tuple:
+        return tuple(self._core.observers)
+
     def add_observer(self, fn) -> None:
         self._core.add_observer(fn)
 
@@ -107,8 +114,8 @@ class Engine:
                      stream: bool) -> tuple[Request, RequestHandle]:
         if self._core.closing:
             raise EngineUnavailable("engine is closed")
-        if self._peers is not None and self._peers.lost:
-            raise EngineUnavailable(f"{self._peers.lost}: the engine cannot run steps; restart it")
+        if self._ranks.lost:
+            raise EngineUnavailable(f"{self._ranks.lost}: the engine cannot run steps; restart it")
         params = (params or SamplingParams()).validate()
         ids = self._prompt_ids(prompt)
         need = min(len(ids) + params.max_new_tokens, self.max_model_len)
@@ -144,15 +151,14 @@ class Engine:
 
     def stats(self) -> dict:
         s = self._core.scheduler
-        return {"mode": self.mode, "waiting": len(s.waiting), "running": len(s.running),
-                "kv_blocks_used": self.allocator.num_used, "kv_blocks_total": self.allocator.num_blocks,
-                "steps": self._core.step_counter}
+        used, total = self.allocator.num_used, self.allocator.num_blocks
+        return {"mode": self.mode, "queue": len(s.queue), "running": len(s.running), "kv_blocks_used": used,
+                "kv_blocks_total": total, "kv_usage": used / total, "steps": self._core.step_counter}
 
     def close(self) -> None:
         self._core.request_close()
         self._thread.join(timeout=30)
-        if self._peers is not None:
-            self._peers.close()
+        self._ranks.close()
         gc.unfreeze()       # this engine's cycles may be collected again (a frozen object never is)
 
     def __enter__(self):
@@ -226,28 +232,29 @@ class Engine:
             "gpu_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
             "num_params": sum(p.numel() for p in self.model.parameters()),
             "weight_bytes": weight_bytes(self.model),
-            "kv_bytes_per_token": kv_bytes_per_token(mcfg, self.model.dtype),
+            "kv_bytes_per_token": self.kv.layout.bytes_per_token(self.model.dtype),
             "num_layers": mcfg.num_hidden_layers, "num_kv_heads": self.kv.kv_heads, "head_dim": self.kv.head_dim,
             "v_head_dim": self.kv.v_head_dim,
             "vocab_size": self.model.get_input_embeddings().weight.shape[0],
             "block_size": self.config.block_size, "num_blocks": num_blocks,
             "max_batch_tokens": self.config.max_batch_tokens, "max_running": self.config.max_running,
-            "max_model_len": self.max_model_len, "attention": self.kernel,
-            "cuda_graphs": self._core.runner.use_graphs, "fused_kernels": len(self.fused),
-            # whether those kernels start while the kernel before them finishes (engine.dependent_launch)
-            "dependent_launch": self.kernel == "triton" and _launches_early(self.device),
+            "max_model_len": self.max_model_len, "attention": self.attention,
+            # how many of batchscope's kernels were swapped into the model (model/speedups.py)
+            "cuda_graphs": self.runner.graphs.enabled, "fused_kernels": len(self.kernels),
+            # whether those kernels start while the kernel before them finishes (kernels/dependent_launch.py)
+            "dependent_launch": self.attention == "triton" and _launches_early(self.device),
             # why decode runs eagerly although graphs were asked for (None when they run), and how experts run
-            "cuda_graphs_note": self._core.runner.graphs_note, "graph_experts": self._core.runner.graph_experts,
+            "cuda_graphs_note": self.runner.graphs.note, "graph_experts": self.runner.graphs.experts_impl,
             "support": self.support,
             "merged_projections": len(self.merged),
             # tensor parallel: weight_bytes, num_kv_heads and num_params above are one rank's share
             "tensor_parallel_size": self.config.tensor_parallel_size, "ranks": self.ranks,
             # all-reduces per step (after attention and after the MLP of every layer) and what one costs by rows
             "allreduces_per_step": 2 * mcfg.num_hidden_layers if self.config.tensor_parallel_size > 1 else 0,
-            "allreduce_us": {str(k): v for k, v in self._core.runner.allreduce_us.items()},
+            "allreduce_us": {str(k): v for k, v in self.runner.allreduce_us.items()},
         }
 
 
 def _launches_early(device: torch.device) -> bool:
-    from .dependent_launch import supported     # lazy: imports Triton, present only where the kernels run
+    from .kernels.dependent_launch import supported     # lazy: imports Triton, present only where the kernels run
     return supported(device)

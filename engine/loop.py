@@ -11,16 +11,18 @@ it; a failed step's trace alone is delivered at once.
 Each loop returns when another mode is requested (or the engine closes), with nothing in flight: the async loop
 drains its last step first, so a switch loses and repeats nothing.
 
-Every place the host blocks on the device (all in runner.py and graphs.py; on CPU none of them blocks):
+Every place the host blocks on the device (in runner.py, graphs.py and, for tensor parallel, parallel/; on CPU
+none of them blocks):
   1. consume -> runner.wait: the D2H event of the step consumed. The one wait per step in steady state, in
      both loops: sync with nothing queued behind it, async with the next step already launched.
   2. build -> runner.prepare -> runner.wait_slot_free: the H2D event of the slot's previous step (two back),
      the write-after-read guard. Returns at once in both loops (that step was consumed, D2H after H2D,
      before this build); it is there for the hazard, not for the loops.
-  3. start-up -> runner.capture_decode_graphs (graphs.py): every decode graph (slot x bucket x sampling path)
+  3. start-up -> DecodeGraphs.capture_all (graphs.py): every decode graph (slot x bucket x sampling path)
      is captured before the first request, each capture synchronising the device; a greedy capture that fails
-     makes runner.disable_graphs synchronise once more (a sampling path that fails runs eagerly alone).
-     Serving never captures.
+     makes DecodeGraphs.disable synchronise once more (a sampling path that fails runs eagerly alone).
+     Serving never captures. Tensor parallel start-up syncs too: the first all-reduce of the process group
+     (parallel.ranks.init_group) and the all-reduce timing (parallel.sharding.measure_allreduce).
   4. a step out of device memory -> core.fail -> runner.free_cached_memory: empty_cache syncs (error path).
   5. close: no wait of its own; the async loop consumes its in-flight step first (wait 1).
 Not ours to remove: a model whose eager forward syncs (a float32 MoE's expert dispatch) does so in eager

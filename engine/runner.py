@@ -4,17 +4,20 @@
     compute stream:  wait(h2d_end) -> gather carried tokens -> forward -> sample -> record compute_end
     D2H stream:      wait(compute_end) -> copy sampled tokens device->host -> record d2h_end
 Serving, the host blocks once per step: in `wait()`, on d2h_end. Every place it can block on the device is
-listed in loop.py's docstring (this module and graphs.py hold all of them); keep that list true when adding one. On CPU there
-are no streams or events: `launch()` runs the step to completion and `wait()` returns at once, which keeps both
-loops valid there.
+listed in loop.py's docstring (this module and graphs.py hold all of them); keep that list true when adding one. On
+CPU there are no streams or events: `launch()` runs the step to completion and `wait()` returns at once, which keeps
+both loops valid there.
 
 Decode-only steps replay CUDA graphs (one per IO slot, batch-size bucket and sampling path) with the carry-over
 gather and the sampling inside the graph, so a step costs the host one launch instead of hundreds. All of them
 are captured at start-up: a capture synchronises the device, and one met mid-serving (the first sampled request
 in a bucket) would stall every request in flight. A model whose greedy decode step cannot be captured (it
 synchronises with the host, or the capture fails) runs every step eagerly instead; a sampling path (random,
-filtered) that cannot be captured runs eagerly alone. `graphs_note` says why: never a crash at start-up. The
-capture itself lives in graphs.py.
+filtered) that cannot be captured runs eagerly alone. `graphs.note` says why: never a crash at start-up. The
+graphs are a part of their own (graphs.py, `DecodeGraphs`): the runner asks it for a step's bucket and lets it replay.
+
+Under tensor parallelism the runner relays each step to the other ranks just before launching it (`ranks`, a
+parallel.ranks.RankGroup; for one rank every call on it is a no-op).
 """
 from __future__ import annotations
 
@@ -24,12 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import AttentionMetadata, use_metadata
 from .batch import Batch, IoSlot, fill_slot
-from .graphs import DecodeGraphs, experts_configs, graph_buckets
+from .graphs import DecodeGraphs
 from .kv_cache import KVCache
-from .patching import embeds_only, logits_epilogue
-from .sampler import sample, sample_path
+from .model.attention import AttentionMetadata, use_metadata
+from .model.source import embeds_only, logits_epilogue
+from .parallel.ranks import RankGroup
+from .sampler import sample
 from .scheduler import StepPlan
 
 EVENT_NAMES = ("h2d_start", "h2d_end", "compute_start", "compute_end", "d2h_start", "d2h_end")
@@ -63,10 +67,12 @@ class Launched:
     anchor: tuple[object, int] | None
 
 
-class ModelRunner(DecodeGraphs):
+class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, max_tokens: int,
-                 max_seqs: int, max_blocks: int, kernel: str, cuda_graphs: bool = False):
-        self.model, self.kv, self.device, self.kernel = model, kv, device, kernel
+                 max_seqs: int, max_blocks: int, attention: str, cuda_graphs: bool = False,
+                 ranks: RankGroup | None = None):
+        self.model, self.kv, self.device, self.attention = model, kv, device, attention
+        self.ranks = ranks or RankGroup()
         self.max_blocks = max_blocks
         self.base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         # Where the decoder only looks its ids up, the runner does the lookup itself (see _forward)
@@ -83,31 +89,25 @@ class ModelRunner(DecodeGraphs):
             self.d2h_stream = torch.cuda.Stream(device)
             self.clock_stream = torch.cuda.Stream(device)   # only ever records clock anchors
             self.events = [SlotEvents(), SlotEvents()]
+        else:
+            self.h2d_stream = self.compute_stream = self.d2h_stream = self.clock_stream = None
+            self.events = []
         # graphs need a capturable attention kernel: the torch reference loops over host-side lengths
-        self.use_graphs = cuda_graphs and self.cuda and kernel == "triton"
-        self.buckets = graph_buckets(min(max_seqs, max_tokens))
-        self.graphs: dict[tuple[int, int, str], torch.cuda.CUDAGraph] = {}    # (slot, bucket, sample path)
-        self.timed_graphs: set[tuple[int, int, str]] = set()   # graphs that record their own compute events
-        self.captures = 0                          # captures attempted: all at start-up (a test holds it there)
-        self.graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
-        self.graphs_note: str | None = None        # why decode runs eagerly although graphs were asked for
-        self.eager_paths: set[str] = set()          # sampling paths whose decode graphs could not be captured
-        self.graph_events_ok: bool | None = None   # whether timing events can be recorded inside a graph
-        self.experts = experts_configs(model)
-        self.graph_experts: str | None = None      # the experts implementation the graphs were captured with
-        self.peers = None                          # rank 0 of a tensor-parallel engine: the other ranks (peers.py)
+        note = None
+        if cuda_graphs and self.cuda and attention != "triton":
+            note = "the torch attention path loops over host-side lengths and cannot be captured"
+        self.graphs = DecodeGraphs(model, device, self.slots, self.events, self.compute_stream, self._forward,
+                                   self.carry_source, self.block_size, max_blocks, kv.scratch_block,
+                                   min(max_seqs, max_tokens), cuda_graphs and self.cuda and attention == "triton",
+                                   note)
         self.allreduce_us: dict[int, float] = {}   # tensor parallel: one all-reduce of [rows, hidden], measured
-        if cuda_graphs and self.cuda and kernel != "triton":
-            self.graphs_note = "the torch attention path loops over host-side lengths and cannot be captured"
 
     # -- prepare ------------------------------------------------------------------------------------------------
     def prepare(self, plan: StepPlan) -> Batch:
         """Fill the step's IO slot; decode-only steps get the fixed layout of their graph bucket."""
         slot = self.slot_for(plan.step)
         self.wait_slot_free(slot)
-        bucket = None
-        if self.use_graphs and all(s.num_tokens == 1 and s.sample for s in plan.seqs):
-            bucket = next((b for b in self.buckets if b >= len(plan.seqs)), None)
+        bucket = self.graphs.bucket_for(plan)
         if bucket is None:
             return fill_slot(plan, slot, self.block_size)
         batch = fill_slot(plan, slot, self.block_size, pad_to=bucket, table_width=self.max_blocks,
@@ -134,8 +134,7 @@ class ModelRunner(DecodeGraphs):
     # -- launch -------------------------------------------------------------------------------------------------
     def launch(self, batch: Batch) -> Launched:
         slot = batch.slot
-        if self.peers is not None:      # the other ranks launch the same step (its collectives need them)
-            self.peers.send_step(batch)
+        self.ranks.send_step(batch)     # the other ranks launch the same step (its collectives need them)
         S = batch.num_sampled
         if not self.cuda:
             self._compute(batch, self.carry_source(slot))
@@ -178,21 +177,11 @@ class ModelRunner(DecodeGraphs):
         return Launched(batch, ev, anchor)
 
     def _compute(self, batch: Batch, prev_out: torch.Tensor, start=None) -> None:
-        """Runs on the compute stream: a graph replay for bucketed decode steps, else the eager forward.
-        `start` (an event) is recorded just before the step's first kernel."""
-        if batch.graph_bucket is None:
-            return self._forward(batch, prev_out, start)
-        key = (batch.slot.index, batch.graph_bucket, sample_path(batch.any_random, batch.any_filter))
-        graph = self.graphs.get(key)
-        if graph is None:
-            if key[2] in self.eager_paths:          # this sampling path could not be captured: it runs eagerly
-                return self._forward(batch, prev_out, start)
-            # never captured here: a capture mid-serving would stall every request in flight
-            raise RuntimeError(f"no decode graph for {key}: capture_decode_graphs must run before serving")
-        if start is not None:
-            start.record()
-        graph.replay()
-        self.events[batch.slot.index].last_in_graph = key in self.timed_graphs
+        """Runs on the compute stream: a graph replay for bucketed decode steps, else the eager forward (also for
+        a sampling path whose graphs could not be captured). `start` (an event) is recorded just before the
+        step's first kernel."""
+        if batch.graph_bucket is None or not self.graphs.replay(batch, start):
+            self._forward(batch, prev_out, start)
 
     def free_cached_memory(self) -> None:
         """After a step ran out of device memory: its tensors are gone, hand their cached blocks back so the next
@@ -218,7 +207,7 @@ class ModelRunner(DecodeGraphs):
             max_query_len=batch.max_query_len,
             max_seq_len=batch.max_seq_len,
             kv_caches=self.kv.layers,
-            kernel=self.kernel,
+            backend=self.attention,
         )
         with torch.inference_mode():
             if start is not None:
@@ -253,12 +242,11 @@ class ModelRunner(DecodeGraphs):
 
     def went_idle(self) -> None:
         """No step to run: the other ranks may report the spans of their last steps now."""
-        if self.peers is not None:
-            self.peers.flush()
+        self.ranks.went_idle()
 
     def peer_spans(self) -> list:
-        """(rank, step, {phase: (start_ns, end_ns)}) of the other ranks' steps, reported since the last call."""
-        return self.peers.take_spans() if self.peers is not None else []
+        """The other ranks' steps' GPU spans reported since the last call (trace.RankSpans says their form)."""
+        return self.ranks.take_spans()
 
     def stream_context(self):
         return torch.cuda.stream(self.compute_stream) if self.cuda else contextlib.nullcontext()

@@ -49,20 +49,20 @@ class Scheduler:
         self.max_batch_tokens = max_batch_tokens
         self.max_running = max_running
         self.max_model_len = max_model_len
-        self.waiting: deque[Request] = deque()
+        self.queue: deque[Request] = deque()
         self.running: list[Request] = []
 
     # -- bookkeeping --------------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        self.queue.append(req)
 
     def remove(self, req: Request) -> None:
         """Forget a finished request and give its blocks back. Safe while one of its steps is in flight: the
         device runs steps in order, so a block reused by a later step is written only after that step is done."""
         if req in self.running:
             self.running.remove(req)
-        elif req in self.waiting:
-            self.waiting.remove(req)
+        elif req in self.queue:
+            self.queue.remove(req)
         self.allocator.free(req.blocks)
         req.blocks = []
 
@@ -83,9 +83,9 @@ class Scheduler:
         req.num_computed = 0
         # back to the front, oldest first, so a preempted request is the next one admitted (no starvation)
         idx = 0
-        while idx < len(self.waiting) and self.waiting[idx].arrival_ns < req.arrival_ns:
+        while idx < len(self.queue) and self.queue[idx].arrival_ns < req.arrival_ns:
             idx += 1
-        self.waiting.insert(idx, req)
+        self.queue.insert(idx, req)
 
     # -- one step -----------------------------------------------------------------------------------------------
     def schedule(self, step: int, previous: StepPlan | None) -> StepPlan | None:
@@ -93,61 +93,61 @@ class Scheduler:
         carry_rows = {}
         if previous is not None:
             carry_rows = {s.req.id: row for row, s in enumerate(previous.sampled)}
-        queue_depth, running_now = len(self.waiting), len(self.running)
-        batch = _Batch(budget=self.max_batch_tokens, carry_rows=carry_rows)
-        self._schedule_running(batch)
-        self._admit_waiting(batch)
-        if not batch.seqs:
+        queue_depth, running_now = len(self.queue), len(self.running)
+        draft = _Draft(budget=self.max_batch_tokens, carry_rows=carry_rows)
+        self._schedule_running(draft)
+        self._admit_queued(draft)
+        if not draft.seqs:
             return None
-        for seq in batch.seqs:
+        for seq in draft.seqs:
             seq.req.num_computed += seq.num_tokens
             if seq.sample:
                 seq.req.pending += 1
-        return StepPlan(step, batch.seqs, queue_depth, running_now, batch.preempted)
+        return StepPlan(step, draft.seqs, queue_depth, running_now, draft.preempted)
 
-    def _schedule_running(self, batch: _Batch) -> None:
+    def _schedule_running(self, draft: _Draft) -> None:
         """Running requests first, in admission order. One short of KV blocks preempts the newest running request
         not yet in this step (or itself, when every other one already is)."""
         for req in list(self.running):
-            if req not in self.running or batch.budget <= 0:
+            if req not in self.running or draft.budget <= 0:
                 continue
-            seq = self._plan_for(req, batch)
+            seq = self._plan_for(req, draft)
             if seq is None:
                 continue
             need = self._blocks_needed(req, seq.start + seq.num_tokens)
             while need > self.allocator.num_free:
-                victims = [r for r in self.running if r.id not in batch.scheduled and r is not req]
+                victims = [r for r in self.running if r.id not in draft.scheduled and r is not req]
                 victim = victims[-1] if victims else req
                 self._preempt(victim)
-                batch.preempted.append(victim.id)
+                draft.preempted.append(victim.id)
                 if victim is req:
                     break
             if req not in self.running:
                 continue
             req.blocks += self.allocator.allocate(need)
-            batch.add(seq)
+            draft.add(seq)
 
-    def _admit_waiting(self, batch: _Batch) -> None:
-        """Waiting requests, oldest first, while the budget, max_running and free blocks allow. A step that had to
+    def _admit_queued(self, draft: _Draft) -> None:
+        """Queued requests, oldest first, while the budget, max_running and free blocks allow. A step that had to
         preempt admits nothing: the preempted request, now at the head of the queue, would take back its blocks."""
-        while (self.waiting and batch.budget > 0 and len(self.running) < self.max_running
-               and not batch.preempted):
-            req = self.waiting[0]
-            seq = self._plan_for(req, batch)
+        while (self.queue and draft.budget > 0 and len(self.running) < self.max_running
+               and not draft.preempted):
+            req = self.queue[0]
+            seq = self._plan_for(req, draft)
             if seq is None:
                 break                            # head of line waits (e.g. for its in-flight token)
             need = self._blocks_needed(req, seq.start + seq.num_tokens)
             if need > self.allocator.num_free:
                 break
-            self.waiting.popleft()
+            self.queue.popleft()
             self.running.append(req)
             req.blocks += self.allocator.allocate(need)
-            batch.add(seq)
+            draft.add(seq)
 
-    def _plan_for(self, req: Request, batch: _Batch) -> ScheduledSeq | None:
+    def _plan_for(self, req: Request, draft: _Draft) -> ScheduledSeq | None:
         """What `req` computes in this step within the remaining budget, or None when it must sit it out."""
         todo = req.total_len - req.num_computed
-        n = min(todo, batch.budget)
+        n = min(todo, draft.budget)
         if n <= 0:
             return None
         sample = req.num_computed + n == req.total_len
@@ -155,16 +155,16 @@ class Scheduler:
             return None
         carry = -1
         if req.pending:
-            if req.id not in batch.carry_rows:   # its token comes from a step we cannot carry from
+            if req.id not in draft.carry_rows:   # its token comes from a step we cannot carry from
                 return None
             if req.num_computed + 1 != req.total_len:
                 return None                      # recompute must wait until the in-flight token is known
-            n, carry = 1, batch.carry_rows[req.id]
+            n, carry = 1, draft.carry_rows[req.id]
         return ScheduledSeq(req, req.num_computed, n, sample, carry)
 
 
 @dataclass
-class _Batch:
+class _Draft:
     """The step being planned: what is in it so far and the token budget left."""
     budget: int
     carry_rows: dict[str, int]                   # request id -> its sampled row in the step in flight

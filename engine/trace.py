@@ -61,6 +61,7 @@ class ModeChange:
 class RankSpans:
     """GPU spans of the other tensor-parallel ranks, delivered as they come in (a step's peers finish it at about
     the time rank 0 does, so they usually arrive with the trace of the next step or two). Each entry is
-    (rank, step, {phase: (start_ns, end_ns)}) on the host's perf_counter clock; on CPU the phase is "compute"
-    (the rank's launch span, the forward running inside it)."""
+    (rank, step, anchor_ns, {phase: (start_ms, end_ms)}): the host perf_counter time of the rank's clock anchor
+    and each span's device time after it, unresolved like a StepTrace's events; on CPU the phase is "compute"
+    (the rank's launch span, the forward running inside it) and the anchor is its start."""
     spans: list

@@ -24,6 +24,13 @@ from __future__ import annotations
 from batchscope.engine.trace import GPU_PHASES
 
 
+def place(anchor_ns: float, offset_ms: float) -> float:
+    """The host time (ns) of an event `offset_ms` of device time after an anchor recorded at host time `anchor_ns`
+    (what `anchor.elapsed_time(event)` returns). The one mapping from device to host time: rank 0's steps and the
+    other tensor-parallel ranks' (whose peers send their offsets) both go through it."""
+    return anchor_ns + offset_ms * 1e6
+
+
 class EventClock:
     def __init__(self, origin_ns: int, wake_slack_us: float = 30.0, persist: int = 8):
         self.origin_ns = origin_ns
@@ -68,8 +75,8 @@ class EventClock:
             pair = events.get(phase)
             if pair is not None:
                 start, end = pair
-                ns[phase] = [anchor_ns + anchor_event.elapsed_time(start) * 1e6,
-                             anchor_ns + anchor_event.elapsed_time(end) * 1e6]
+                ns[phase] = [place(anchor_ns, anchor_event.elapsed_time(start)),
+                             place(anchor_ns, anchor_event.elapsed_time(end))]
         if ns:
             self._apply_bounds(ns, host)
         return {p: [self._us(a + self._shift_ns), self._us(b + self._shift_ns)] for p, (a, b) in ns.items()}

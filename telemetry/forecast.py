@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 
-from .summary import empty_queue_us, percentiles, run_periods, stretches
+from .stretches import empty_queue_us, percentiles, run_periods, stretches
 
 # What bounds a forecast step, in the order they are tested (ties go to the device: that is the ideal).
 BOUNDS = ("gpu", "chain", "host")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from batchscope.engine.trace import ModeChange, RankSpans, StepTrace
 
-from .clock import EventClock
+from .clock import EventClock, place
 from .idle import IdleAttributor
 from .records import mode_record, rank_step_record, request_record, step_record
 
@@ -153,9 +153,10 @@ class Recorder:
     def _on_rank_spans(self, event: RankSpans) -> None:
         """Other ranks' spans arrive a step or two after rank 0's trace of the same step: own records."""
         us = self._us
-        for rank, step, spans in event.spans:
+        for rank, step, anchor_ns, spans in event.spans:
             rec = rank_step_record(step, rank, self._step_modes.get(step),
-                                   {phase: [us(a), us(b)] for phase, (a, b) in spans.items()})
+                                   {phase: [us(place(anchor_ns, a)), us(place(anchor_ns, b))]
+                                    for phase, (a, b) in spans.items()})
             self.rank_steps.append(rec)
             self._to_recording("rank_steps", rec)
             self.publish("rank_step", rec)

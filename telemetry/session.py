@@ -28,7 +28,7 @@ class LiveStats:
     /api/status uses too, and the last second's rates."""
     t_us: float
     mode: str | None
-    queue: int | None                   # requests waiting for admission (the engine calls them `waiting`)
+    queue: int | None                   # requests waiting for admission
     running: int | None
     steps: int | None
     kv_blocks_used: int | None
@@ -39,14 +39,6 @@ class LiveStats:
     busy_pct_1s: float                  # event-based busy share over the last second
     subscribers: int
     error: str | None = None            # the engine could not be asked for its counters
-
-
-def engine_counters(stats: dict) -> dict:
-    """`Engine.stats()` under the names the server and the page use for them."""
-    used, total = stats.get("kv_blocks_used"), stats.get("kv_blocks_total")
-    return {"queue": stats.get("waiting"), "running": stats.get("running"), "steps": stats.get("steps"),
-            "kv_blocks_used": used, "kv_blocks_total": total,
-            "kv_usage": used / total if used is not None and total else None}
 
 
 class Telemetry:
@@ -166,7 +158,9 @@ class Telemetry:
         recent = [r for r in list(self.recorder.steps)[-2000:] if (r.get("compute_us") or [-1])[0] >= now - 1e6]
         busy = union_length([r["compute_us"] for r in recent], now - 1e6, now)
         return dataclasses.asdict(LiveStats(
-            t_us=now, mode=stats.get("mode", self._mode()), **engine_counters(stats), steps_per_s=len(recent),
+            t_us=now, mode=stats.get("mode", self._mode()), queue=stats.get("queue"), running=stats.get("running"),
+            steps=stats.get("steps"), kv_blocks_used=stats.get("kv_blocks_used"),
+            kv_blocks_total=stats.get("kv_blocks_total"), kv_usage=stats.get("kv_usage"), steps_per_s=len(recent),
             tokens_per_s=sum(r.get("tokens_out", 0) for r in recent), busy_pct_1s=round(busy / 1e4, 2),
             subscribers=self.hub.subscribers, error=error))
 

@@ -17,7 +17,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from batchscope.engine import EngineConfig  # noqa: E402
-from batchscope.engine.models import load_model  # noqa: E402
+from batchscope.engine.model.loading import load_model  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 
@@ -164,7 +164,7 @@ def _sync_then_async(gpu: bool, requests: int, prompt_tokens: int, max_new_token
     `sync_steps` steps, run to its end. `engine_options` go to the engine (seed, compute_us, ...).
     Returns (engine, telemetry)."""
     from batchscope.telemetry import Telemetry
-    from batchscope.telemetry.synthetic import SyntheticEngine
+    from synthetic import SyntheticEngine
 
     eng = SyntheticEngine(gpu=gpu, mode="sync", **engine_options)
     tel = Telemetry(eng, nvml_hz=0)

@@ -19,9 +19,9 @@ if not HAS_CUDA:
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
 from conftest import compile_for_hopper  # noqa: E402
-from batchscope.engine import attention_triton as at  # noqa: E402
-from batchscope.engine.kv_write_triton import write_kv_triton  # noqa: E402
-from batchscope.engine.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
+from batchscope.engine.kernels import paged_attention as at  # noqa: E402
+from batchscope.engine.kernels.kv_write import write_kv_triton  # noqa: E402
+from batchscope.engine.model.attention import AttentionMetadata, paged_attention_torch  # noqa: E402
 
 # The interpreter must have been on when the kernels were decorated (this module is normally the first importer).
 INTERPRETED = type(at._prefill_kernel).__name__ == "InterpretedFunction"
@@ -80,7 +80,7 @@ def make_inputs(seq_lens, query_lens, heads, kv_heads, head_dim, block_size, dty
         block_tables=tables.to(device),
         query_start_host=qsl, seq_lens_host=list(seq_lens),
         max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-        kv_caches=[(k_cache.to(device), v_cache.to(device))], kernel="triton")
+        kv_caches=[(k_cache.to(device), v_cache.to(device))], backend="triton")
     k_cache, v_cache = meta.kv_caches[0]
     return q.to(device), k_cache, v_cache, meta
 
@@ -161,7 +161,7 @@ def test_sliding_window_in_interpreter(dtype):
 @interp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kv_write_kernel_matches_index_copy(dtype):
-    from batchscope.engine.attention import write_kv
+    from batchscope.engine.model.attention import write_kv
 
     gen = torch.Generator().manual_seed(5)
     caches = [torch.randn(2, 9, 16, 3, 64, generator=gen).to(dtype)]     # [K/V, blocks, block_size, heads, D]
@@ -213,9 +213,9 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
-from batchscope.engine import attention_triton as at
-from batchscope.engine import kv_write_triton as kw
-from batchscope.engine.attention import AttentionMetadata
+from batchscope.engine.kernels import paged_attention as at
+from batchscope.engine.kernels import kv_write as kw
+from batchscope.engine.model.attention import AttentionMetadata
 
 launches = []
 

@@ -255,7 +255,7 @@ def synthetic_gpu_timeline() -> dict:
     """A GPU-shaped recording without a GPU: telemetry's synthetic engine (CUDA-like events on a virtual clock),
     sync, then async, then sync again, so the H2D/compute/D2H lanes and the idle gaps have something to show."""
     from batchscope.telemetry import Telemetry
-    from batchscope.telemetry.synthetic import SyntheticEngine
+    from synthetic import SyntheticEngine
 
     eng = SyntheticEngine(gpu=True, mode="sync", seed=1, host_scale=6)
     tel = Telemetry(eng, nvml_hz=5)

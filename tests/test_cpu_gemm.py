@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from batchscope.engine import cpu_gemm
+from batchscope.engine.kernels import cpu_gemm
 
 pytestmark = pytest.mark.skipif(not cpu_gemm.available(), reason="this torch build has no oneDNN linear")
 
@@ -41,7 +41,7 @@ def test_the_engine_packs_every_linear_on_cpu_and_not_when_told_not_to(tmp_path)
                 assert len(packed) == 2 * eng.model.config.num_hidden_layers + 1
                 assert not any(hasattr(m.mlp.gate_proj, "batchscope_packed") for m in eng.model.model.layers)
                 assert all(m.packed is not None for m in merged.values()) and merged
-                assert any(name.startswith("packed ") for name in eng.fused)
+                assert any(name.startswith("packed ") for name in eng.kernels)
             else:
                 assert not packed and all(m.packed is None for m in merged.values())
             outs[fast] = [o.token_ids for o in eng.generate(prompts, params)]

@@ -25,8 +25,8 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
-from batchscope.engine import attention_triton as at, fused, kv_write_triton as kw, residual_norm as rn
-from batchscope.engine import skinny_gemm as sg
+from batchscope.engine.kernels import kv_write as kw, paged_attention as at, residual_norm as rn, rms_norm as rms, rotary as rot, silu_mul as silu
+from batchscope.engine.kernels import skinny_gemm as sg
 
 MEMORY = re.compile(r"^\s*(?:@%p\d+\s+)?(ld\.global|st\.global|cp\.async|atom\.|red\.|ld\.shared|prefetch\.global)",
                     re.M)
@@ -53,13 +53,13 @@ build(sg._skinny_gemm_kernel, ["x", "w", "out", "partial:fp32", "counters:i32"],
       {"SPLIT_K": 2, "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128}, stages=5)
 build(rn._add_rms_norm_kernel, ["residual", "delta", "w", "total", "out"], ["n_rows", "n_cols"], ["eps"],
       {"BLOCK_N": 4096, "ROWS": 1}, warps=16)
-build(fused._rms_norm_kernel, ["x", "w", "out"],
+build(rms._rms_norm_kernel, ["x", "w", "out"],
       ["n_rows", "n_cols", "inner", "stride_outer", "stride_inner", "stride_out"], ["eps"],
       {"BLOCK_N": 4096, "ROWS": 1}, warps=16)
-build(fused._rotary_kernel, ["q", "k", "cos", "sin", "q_out", "k_out"],
+build(rot._rotary_kernel, ["q", "k", "cos", "sin", "q_out", "k_out"],
       ["seq_len", "q_heads", "k_heads", "sq_b", "sq_h", "sq_t", "sk_b", "sk_h", "sk_t", "oq_b", "oq_h", "oq_t",
        "ok_b", "ok_h", "ok_t", "sc_b", "sc_t", "ss_b", "ss_t"], [], {"HALF": 64, "HALF_PAD": 64, "BLOCK_H": 8})
-build(fused._silu_mul_kernel, ["gate_up", "out"], ["n_rows", "n_cols", "stride_in", "stride_out"], [],
+build(silu._silu_mul_kernel, ["gate_up", "out"], ["n_rows", "n_cols", "stride_in", "stride_out"], [],
       {"BLOCK": 1024})
 build(kw._write_kv_kernel, ["key", "value", "k_cache", "v_cache", "slot_mapping:i64"],
       ["stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_kcs", "stride_kch", "stride_vcs", "stride_vch"],
@@ -102,8 +102,9 @@ def test_every_launched_kernel_takes_the_switch():
 
     from triton.runtime.jit import KernelInterface
 
-    from batchscope.engine import attention_triton, fused, kv_write_triton, residual_norm, skinny_gemm
-    kernels = {name: obj for mod in (attention_triton, fused, kv_write_triton, residual_norm, skinny_gemm)
+    from batchscope.engine.kernels import (kv_write, paged_attention, residual_norm, rms_norm, rotary, silu_mul,
+                                          skinny_gemm)
+    kernels = {name: obj for mod in (paged_attention, rms_norm, rotary, silu_mul, kv_write, residual_norm, skinny_gemm)
                for name, obj in vars(mod).items() if isinstance(obj, KernelInterface) and name.endswith("_kernel")}
     assert sorted(kernels) == sorted(KERNELS)
     for name, kernel in kernels.items():     # compiled or interpreted, the Python function is `.fn`
@@ -115,7 +116,7 @@ def _options_in_fresh_process(env_value: str | None) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "BATCHSCOPE_DEPENDENT_LAUNCH")}
     if env_value is not None:
         env["BATCHSCOPE_DEPENDENT_LAUNCH"] = env_value
-    code = ("import torch; from batchscope.engine import dependent_launch as d; "
+    code = ("import torch; from batchscope.engine.kernels import dependent_launch as d; "
             "print(d.launch_options(torch.device('cpu')), d.supported(torch.device('cpu')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -128,7 +129,7 @@ def test_cpu_tensors_launch_the_ordinary_way():
 
 @gpu
 def test_gpu_switch_follows_the_hardware_and_the_environment(monkeypatch):
-    from batchscope.engine import dependent_launch as d
+    from batchscope.engine.kernels import dependent_launch as d
     dev = torch.device("cuda", torch.cuda.current_device())
     hopper = torch.cuda.get_device_capability(dev)[0] >= 9
     assert d.supported(dev) == hopper
@@ -144,7 +145,7 @@ def _decode_layer_chain(monkeypatch, enabled: bool, replays: int) -> list[torch.
     waiting, replays would differ."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from batchscope.engine import fused, residual_norm, skinny_gemm
+    from batchscope.engine.kernels import residual_norm, rms_norm as rms, silu_mul as silu, skinny_gemm
     from test_fused import norm_module
 
     monkeypatch.setenv("BATCHSCOPE_DEPENDENT_LAUNCH", "1" if enabled else "0")
@@ -152,19 +153,19 @@ def _decode_layer_chain(monkeypatch, enabled: bool, replays: int) -> list[torch.
     rows, hidden, inter = 32, 4096, 14336
     x = torch.randn(rows, hidden, generator=gen, device="cuda", dtype=torch.bfloat16)
     norm = norm_module(LlamaRMSNorm, hidden, torch.bfloat16, device="cuda")
-    fused.install_fused_kernels(torch.nn.ModuleDict({"norm": norm}), rotary=False)   # the add's norm: one kernel
+    rms.install_rms_norms(torch.nn.ModuleDict({"norm": norm}))   # the add's norm: one kernel
     w_up = torch.randn(2 * inter, hidden, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
     w_down = torch.randn(hidden, inter, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
     up = skinny_gemm.SkinnyGemm(w_up, 1, 3)            # 448 row tiles: several waves, no split
     down = skinny_gemm.SkinnyGemm(w_down, 2, 5)        # 64 row tiles: split K, the last program sums
 
     def layer():
-        h = fused.rms_norm(x, norm.weight, norm.variance_epsilon)
-        act = fused.silu_mul(up(h), inter)
+        h = rms.rms_norm(x, norm.weight, norm.variance_epsilon)
+        act = silu.silu_mul(up(h), inter)
         total, normed = residual_norm.add_rms_norm(x, down(act), norm)
         return torch.cat([total, normed], 1)
 
-    assert fused.is_fused_norm(norm)
+    assert rms.is_fused_norm(norm)
     layer()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -175,7 +176,7 @@ def _decode_layer_chain(monkeypatch, enabled: bool, replays: int) -> list[torch.
         graph.replay()
         results.append(out.clone())
     torch.cuda.synchronize()
-    fused.uninstall_fused_kernels()
+    rms.uninstall_rms_norms(torch.nn.ModuleDict({"norm": norm}))
     return results
 
 

@@ -6,7 +6,7 @@ import torch
 
 from conftest import generate_in_mode, random_prompts, reference_generate
 from batchscope.engine import Engine, EngineConfig, SamplingParams
-from batchscope.engine.attention import AttentionMetadata, paged_attention_torch
+from batchscope.engine.model.attention import AttentionMetadata, paged_attention_torch
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "switch"])
@@ -34,7 +34,7 @@ def test_compute_start_is_recorded_just_before_the_first_kernel(tiny_engine, mon
     right after it (the decoder's own Python before its embedding would count as compute on an idle GPU)."""
     from batchscope.engine.batch import Batch
 
-    runner = tiny_engine._core.runner
+    runner = tiny_engine.runner
     order = []
 
     class StartSpy:                                   # stands in for the CUDA event on CPU
@@ -83,16 +83,16 @@ class PerLayerIdsDecoder(torch.nn.Module):
 
 
 def test_the_runner_looks_embeddings_up_only_for_decoders_that_do_nothing_else_with_the_ids(tiny_engine):
-    from batchscope.engine.patching import embeds_only
+    from batchscope.engine.model.source import embeds_only
 
-    assert embeds_only(tiny_engine._core.runner.base)
+    assert embeds_only(tiny_engine.runner.base)
     for cls in (ScaledLookupDecoder, PerLayerIdsDecoder):
         decoder = cls()
         decoder.embed_tokens = torch.nn.Embedding(4, 2)
         assert not embeds_only(decoder), cls.__name__
     assert not embeds_only(torch.nn.Linear(2, 2))               # no embed_tokens at all
     # the other path (the decoder embeds its own ids) gives the same tokens
-    runner = tiny_engine._core.runner
+    runner = tiny_engine.runner
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
     prompts = random_prompts(3, 49152, 4, 20, seed=3)
     looked_up = [o.token_ids for o in tiny_engine.generate(prompts, params)]

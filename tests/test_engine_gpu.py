@@ -78,8 +78,8 @@ def llama_tiling_checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_few_row_gemms_and_fused_residual_norms_keep_greedy_tokens_on_cuda(llama_tiling_checkpoint, dtype):
     eng = _engine(llama_tiling_checkpoint, dtype, "triton")
-    assert sum("(few-row GEMM)" in f for f in eng.fused) == 3 * 4 + 1   # q/k/v, o, gate/up, down; the lm_head
-    assert sum("(residual adds with the norms)" in f for f in eng.fused) == 3
+    assert sum("(few-row GEMM)" in f for f in eng.kernels) == 3 * 4 + 1   # q/k/v, o, gate/up, down; the lm_head
+    assert sum("(residual adds with the norms)" in f for f in eng.kernels) == 3
     ref_model = _reference_model(llama_tiling_checkpoint, dtype)
     prompts = random_prompts(12, 2048, 1, 60, seed=9)
     for mode in ("sync", "async", "switch"):
@@ -97,7 +97,7 @@ def test_tiny_random_greedy_equals_transformers_on_cuda(dtype):
 def test_large_batch_decode_tile_keeps_greedy_tokens_on_cuda(dtype, monkeypatch):
     """The decode kernel's settings for many (request, KV head) programs (batch 128 and up on an 8B model),
     forced here on a small batch: the same tokens as transformers."""
-    from batchscope.engine import attention_triton as at
+    from batchscope.engine.kernels import paged_attention as at
     monkeypatch.setattr(at, "PROGRAMS_PER_SM", 0)
     monkeypatch.setattr(at, "MANY_PROGRAMS_PER_SM", 0)
     assert at.decode_tile(getattr(torch, dtype), 16, programs=8) == (32, 2, 1)   # tiny-random's heads of 16
@@ -105,7 +105,7 @@ def test_large_batch_decode_tile_keeps_greedy_tokens_on_cuda(dtype, monkeypatch)
 
 
 def _tiny_random_greedy_equals_transformers(dtype):
-    from batchscope.engine.models import load_model
+    from batchscope.engine.model.loading import load_model
     eng = Engine(EngineConfig(model="tiny-random", device="cuda", dtype=dtype, num_blocks=256,
                               max_batch_tokens=256, max_running=32))
     try:
@@ -125,7 +125,7 @@ def test_async_loop_has_no_hidden_synchronisation(qwen3_checkpoint):
     mode; only the one deliberate wait on the D2H event is allowed."""
     path, _m, _eos = qwen3_checkpoint
     eng = _engine(path, "bfloat16", "triton")
-    runner = eng._core.runner
+    runner = eng.runner
     original_wait = runner.wait
 
     def allowed_wait(launched):
@@ -201,7 +201,7 @@ def test_a_real_out_of_memory_step_fails_alone_and_the_engine_keeps_serving():
         for mode in ("sync", "async"):
             eng.set_mode(mode)
             assert eng.generate([[5, 6, 7]], params)[0].token_ids == before
-        assert eng.stats()["running"] == 0 and eng._core.scheduler.allocator.num_used == 0
+        assert eng.stats()["running"] == 0 and eng.scheduler.allocator.num_used == 0
     finally:
         eng.close()
 
@@ -239,7 +239,7 @@ def test_sampled_decodes_replay_graphs_captured_at_start_up_and_never_wait_for_a
     greedy graph and leaves the filtered one alone, so a later sampled request is still sampled."""
     eng = Engine(EngineConfig(model="tiny-random", device="cuda", dtype="float32", mode="async", num_blocks=256,
                               max_batch_tokens=256, max_running=16, seed=0))
-    runner = eng._core.runner
+    runner = eng.runner
     original_wait = runner.wait
 
     def allowed_wait(launched):
@@ -249,9 +249,9 @@ def test_sampled_decodes_replay_graphs_captured_at_start_up_and_never_wait_for_a
         finally:
             torch.cuda.set_sync_debug_mode("error")
     try:
-        assert runner.use_graphs, runner.graphs_note
-        assert set(runner.graphs) == set(runner.graph_keys())
-        captured = runner.captures
+        assert runner.graphs.enabled, runner.graphs.note
+        assert set(runner.graphs.graphs) == set(runner.graphs.keys())
+        captured = runner.graphs.captures
         prompts = random_prompts(12, 49152, 3, 30, seed=4)
         kinds = [SamplingParams(max_new_tokens=10, ignore_eos=True),
                  SamplingParams(max_new_tokens=10, top_k=40, ignore_eos=True),           # greedy all the same
@@ -271,7 +271,7 @@ def test_sampled_decodes_replay_graphs_captured_at_start_up_and_never_wait_for_a
         finally:
             torch.cuda.set_sync_debug_mode(0)
             runner.wait = original_wait
-        assert runner.captures == captured
+        assert runner.graphs.captures == captured
         for mode in ("async", "sync"):
             for n in (1, 3, 12):
                 assert outs[(mode, 1, n)] == outs[(mode, 0, n)]

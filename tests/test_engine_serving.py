@@ -138,7 +138,7 @@ def test_set_mode_rejects_unknown(engine):
 
 
 def test_exception_in_a_step_fails_only_that_steps_requests(engine, monkeypatch):
-    runner = engine._core.runner
+    runner = engine.runner
     original = runner._compute
     poisoned = {"armed": True}
 
@@ -258,7 +258,7 @@ def test_out_of_device_memory_fails_that_step_and_the_engine_keeps_serving(engin
     requests with "error" and a reason that says what to change; later requests are exact and no KV block leaks."""
     import torch
 
-    runner = engine._core.runner
+    runner = engine.runner
     original = runner._compute
 
     def out_of_memory_on_big_steps(batch, prev):
@@ -277,7 +277,7 @@ def test_out_of_device_memory_fails_that_step_and_the_engine_keeps_serving(engin
     for prompt, o in zip(prompts, outs):
         assert o.token_ids == reference_generate(tiny_reference, prompt, 6, None)
     assert engine.stats()["running"] == 0
-    assert engine._core.scheduler.allocator.num_used == 0
+    assert engine.scheduler.allocator.num_used == 0
 
 
 def test_a_generate_call_reaches_the_engine_as_one_batch(engine, monkeypatch):
@@ -368,21 +368,21 @@ def test_a_step_failing_after_its_successor_launched_leaves_the_successors_carry
                                                                                       monkeypatch):
     """Async: step N fails while being consumed, after N+1 was launched with a newcomer's first token in it.
     Only N's requests fail; the newcomer's next step still gathers that token from N+1's output on the device."""
-    core = engine._core
-    original = core._update
+    runner = engine.runner
+    original = runner.wait
     armed = {"on": True}
 
-    def fail_once(plan, tokens):
-        ids = {s.req.id for s in plan.seqs}
-        newcomer = core.requests.get("joins-late")
+    def fail_once(launched):
+        ids = {s.req.id for s in launched.batch.plan.seqs}
+        newcomer = next((r for r in engine.scheduler.running if r.id == "joins-late"), None)
         if (armed["on"] and "fails-at-update" in ids and "joins-late" not in ids
                 and newcomer is not None and newcomer.num_computed > 0):    # the newcomer is in N+1, launched
             armed["on"] = False
             raise RuntimeError("injected fault while consuming")
-        return original(plan, tokens)
+        return original(launched)
 
     engine.set_mode("async")
-    monkeypatch.setattr(core, "_update", fail_once)
+    monkeypatch.setattr(runner, "wait", fail_once)
     victim = engine.submit([1, 2, 3], SamplingParams(max_new_tokens=400, ignore_eos=True),
                            request_id="fails-at-update")
     next(iter(victim))                                  # it is decoding now

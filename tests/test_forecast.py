@@ -13,7 +13,7 @@ import pytest
 from batchscope.telemetry import Telemetry, summarize
 from batchscope.telemetry.forecast import forecast_async, forecast_stretch, simulate, step_costs
 from batchscope.telemetry.summary import percentiles, run_periods, stretches
-from batchscope.telemetry.synthetic import SyntheticEngine
+from synthetic import SyntheticEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "benchmarks/results/2026-11-29-h200/demo.timeline.json"

@@ -19,7 +19,7 @@ from conftest import compile_for_hopper
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
-    # Must be set before the kernels are decorated, i.e. before engine.fused is imported.
+    # Must be set before the kernels are decorated, i.e. before the kernels are imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
@@ -32,12 +32,12 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm  # noqa: E402
 from transformers.models.qwen3 import modeling_qwen3  # noqa: E402
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm  # noqa: E402
 
-from batchscope.engine import fused  # noqa: E402
-from batchscope.engine.patching import same_code  # noqa: E402
+from batchscope.engine.kernels import rms_norm as rms, rotary as rot, silu_mul as silu  # noqa: E402
+from batchscope.engine.kernels.common import same_code  # noqa: E402
 
-INTERPRETED = type(fused._rms_norm_kernel).__name__ == "InterpretedFunction"
+INTERPRETED = type(rms._rms_norm_kernel).__name__ == "InterpretedFunction"
 interp = pytest.mark.skipif(not INTERPRETED, reason="CPU interpreter tests run where there is no CUDA device "
-                                                   "(and need TRITON_INTERPRET=1 before engine.fused is first "
+                                                   "(and need TRITON_INTERPRET=1 before the kernels are first "
                                                    "imported)")
 
 
@@ -68,10 +68,20 @@ def _interpreter_bf16_rounding():
     interp_mod._convert_float = original
 
 
+def install(model):
+    """The norm and rotary kernels, as the engine installs them (model/speedups.py): norms first."""
+    return rms.install_rms_norms(model) + rot.install_rotary(model)
+
+
+def uninstall(model):
+    rms.uninstall_rms_norms(model)
+    rot.uninstall_rotary()
+
+
 @pytest.fixture(autouse=True)
 def _restore_rotary():
     yield
-    fused.uninstall_fused_kernels()
+    rot.uninstall_rotary()
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -96,7 +106,7 @@ def norm_module(cls, n, dtype, weight_dtype=None, eps=1e-5, device="cpu", seed=0
 
 def check_norm(module, x):
     ref = type(module).forward(module, x)
-    out = fused.rms_norm(x, module.weight, module.variance_epsilon)
+    out = rms.rms_norm(x, module.weight, module.variance_epsilon)
     assert out is not None, "the kernel declined inputs it should cover"
     assert out.dtype == ref.dtype and out.shape == ref.shape
     dist = ulp_distance(out, ref)
@@ -124,7 +134,7 @@ def rotary_inputs(B, Hq, Hk, T, D, dtype, cos_batch=None, device="cpu", seed=0):
 
 def check_rotary(q, k, cos, sin, unsqueeze_dim=1):
     ref_q, ref_k = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
-    res = fused.apply_rotary(q, k, cos, sin, unsqueeze_dim)
+    res = rot.apply_rotary(q, k, cos, sin, unsqueeze_dim)
     assert res is not None, "the kernel declined inputs it should cover"
     for out, ref in zip(res, (ref_q, ref_k)):
         assert out.dtype == ref.dtype and out.shape == ref.shape
@@ -138,7 +148,7 @@ def check_rotary(q, k, cos, sin, unsqueeze_dim=1):
 def check_silu_mul(gate_up):
     split = gate_up.shape[-1] // 2
     ref = torch.nn.functional.silu(gate_up[..., :split]) * gate_up[..., split:]
-    out = fused.silu_mul(gate_up, split)
+    out = silu.silu_mul(gate_up, split)
     assert out is not None, "the kernel declined inputs it should cover"
     assert out.dtype == ref.dtype and out.shape == ref.shape and out.is_contiguous()
     # the same two roundings as the eager ops; only exp differs in its last fp32 bits (the GPU's fast exp2, a
@@ -185,7 +195,7 @@ def test_rms_norm_mixed_dtypes_and_strided_rows_in_interpreter():
     module = norm_module(Qwen3RMSNorm, 16, torch.bfloat16)
     merged = torch.randn(2, 3, (4 + 2 * 2) * 16, generator=gen).to(torch.bfloat16)
     q = merged[..., :4 * 16].view(2, 3, 4, 16)
-    assert fused._row_layout(q) == (4, 128, 16)       # (heads, token stride, head stride)
+    assert rms._row_layout(q) == (4, 128, 16)       # (heads, token stride, head stride)
     check_norm(module, q)
     check_norm(module, merged[..., 4 * 16:6 * 16].view(2, 3, 2, 16))
 
@@ -194,12 +204,12 @@ def test_rms_norm_mixed_dtypes_and_strided_rows_in_interpreter():
 def test_rms_norm_declines_what_it_does_not_cover_in_interpreter():
     module = norm_module(LlamaRMSNorm, 16, torch.float32)
     x = torch.randn(4, 16)
-    assert fused.rms_norm(torch.randn(16, 4).t(), module.weight, 1e-5) is None          # last dim strided
-    assert fused.rms_norm(x.double(), module.weight, 1e-5) is None                       # float64
-    assert fused.rms_norm(torch.randn(4, 8), module.weight, 1e-5) is None                # wrong width
+    assert rms.rms_norm(torch.randn(16, 4).t(), module.weight, 1e-5) is None          # last dim strided
+    assert rms.rms_norm(x.double(), module.weight, 1e-5) is None                       # float64
+    assert rms.rms_norm(torch.randn(4, 8), module.weight, 1e-5) is None                # wrong width
     with torch.enable_grad():
-        assert fused.rms_norm(x.requires_grad_(), module.weight, 1e-5) is None           # autograd
-    assert fused.rms_norm(torch.empty(0, 16), module.weight, 1e-5).shape == (0, 16)
+        assert rms.rms_norm(x.requires_grad_(), module.weight, 1e-5) is None           # autograd
+    assert rms.rms_norm(torch.empty(0, 16), module.weight, 1e-5).shape == (0, 16)
 
 
 @interp
@@ -216,10 +226,10 @@ def test_rotary_matches_eager_in_interpreter(dtype):
 @interp
 def test_rotary_declines_what_it_does_not_cover_in_interpreter():
     q, k, cos, sin = rotary_inputs(1, 4, 2, 3, 16, torch.float32)
-    assert fused.apply_rotary(q, k, cos, sin, unsqueeze_dim=0) is None
-    assert fused.apply_rotary(q, k.to(torch.bfloat16), cos, sin) is None
-    assert fused.apply_rotary(q[..., :15], k[..., :15], cos[..., :15], sin[..., :15]) is None   # odd head_dim
-    assert fused.apply_rotary(q.double(), k.double(), cos.double(), sin.double()) is None
+    assert rot.apply_rotary(q, k, cos, sin, unsqueeze_dim=0) is None
+    assert rot.apply_rotary(q, k.to(torch.bfloat16), cos, sin) is None
+    assert rot.apply_rotary(q[..., :15], k[..., :15], cos[..., :15], sin[..., :15]) is None   # odd head_dim
+    assert rot.apply_rotary(q.double(), k.double(), cos.double(), sin.double()) is None
 
 
 @interp
@@ -232,9 +242,9 @@ def test_silu_mul_matches_eager_in_interpreter(dtype):
 @interp
 def test_silu_mul_declines_what_it_does_not_cover_in_interpreter():
     x = silu_inputs((4, 64), torch.float32)
-    assert fused.silu_mul(x, 20) is None                      # halves of unequal size
-    assert fused.silu_mul(x[:, ::2], 16) is None              # strided last dim
-    assert fused.silu_mul(x.to(torch.int32), 32) is None
+    assert silu.silu_mul(x, 20) is None                      # halves of unequal size
+    assert silu.silu_mul(x[:, ::2], 16) is None              # strided last dim
+    assert silu.silu_mul(x.to(torch.int32), 32) is None
 
 
 @interp
@@ -242,7 +252,7 @@ def test_install_patches_only_matching_modules_and_uninstalls():
     model = torch.nn.ModuleDict({
         "llama": LlamaRMSNorm(16), "qwen3": Qwen3RMSNorm(8), "gemma": GemmaRMSNorm(16),
         "linear": torch.nn.Linear(4, 4)})
-    patched = fused.install_fused_kernels(model)
+    patched = install(model)
     assert patched[:2] == ["llama (LlamaRMSNorm)", "qwen3 (Qwen3RMSNorm)"]
     rotary = patched[2:]
     assert "transformers.models.llama.modeling_llama.apply_rotary_pos_emb" in rotary
@@ -250,12 +260,12 @@ def test_install_patches_only_matching_modules_and_uninstalls():
     # a modeling file is patched only where its rotary is transformers' standard one, op for op
     for name in rotary:
         original = getattr(importlib.import_module(name.rsplit(".", 1)[0]), "apply_rotary_pos_emb")
-        assert same_code(original.batchscope_original, fused._rotary_eager)
+        assert same_code(original.batchscope_original, rot._rotary_eager)
     assert not any("torch" in name.split(".")[0] for name in rotary)
     assert "forward" in model["llama"].__dict__ and "forward" not in model["gemma"].__dict__
     assert modeling_qwen3.apply_rotary_pos_emb.batchscope_original is not None
-    assert fused.install_fused_kernels(model) == patched[2:]   # idempotent: norms already fused
-    fused.uninstall_fused_kernels(model)
+    assert install(model) == patched[2:]   # idempotent: norms already fused
+    uninstall(model)
     assert "forward" not in model["llama"].__dict__ and "forward" not in model["qwen3"].__dict__
     assert not hasattr(modeling_llama.apply_rotary_pos_emb, "batchscope_original")
 
@@ -291,19 +301,19 @@ def _check_model_unchanged(kind, dtype, device, new_tokens):
     with torch.inference_mode():
         ref_tokens = _greedy(model, prompt, new_tokens)
         ref_logits = model(ids).logits
-    patched = fused.install_fused_kernels(model)
+    patched = install(model)
     assert sum("RMSNorm" in p for p in patched) == (5 if kind == "llama" else 9)   # Qwen3s add q/k norms
     assert f"transformers.models.{kind}.modeling_{kind}.apply_rotary_pos_emb" in patched
     calls = []
-    kernel = fused.apply_rotary
-    fused.apply_rotary = lambda *args: calls.append(1) or kernel(*args)   # the attention really calls it
+    kernel = rot.apply_rotary
+    rot.apply_rotary = lambda *args: calls.append(1) or kernel(*args)   # the attention really calls it
     try:
         with torch.inference_mode():
             logits = model(ids).logits
             tokens = _greedy(model, prompt, new_tokens)
     finally:
-        fused.apply_rotary = kernel
-        fused.uninstall_fused_kernels(model)
+        rot.apply_rotary = kernel
+        uninstall(model)
     assert len(calls) >= 2 * (1 + new_tokens)
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     assert (logits.float() - ref_logits.float()).abs().max().item() < tol
@@ -318,8 +328,8 @@ def test_tiny_model_greedy_output_unchanged_in_interpreter(kind):
 
 def test_cpu_tensors_fall_back_to_eager_when_not_interpreting():
     # In a fresh interpreter without TRITON_INTERPRET (this one may run the kernels on CPU tensors on purpose).
-    code = ("import torch; from batchscope.engine import fused; "
-            "assert fused.rms_norm(torch.randn(2, 16), torch.ones(16), 1e-5) is None; print('eager')")
+    code = ("import torch; from batchscope.engine.kernels import rms_norm as rms; "
+            "assert rms.rms_norm(torch.randn(2, 16), torch.ones(16), 1e-5) is None; print('eager')")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "eager", proc.stderr
@@ -331,7 +341,7 @@ COMPILE_FOR_HOPPER = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
-from batchscope.engine import fused
+from batchscope.engine.kernels import rms_norm as rms, rotary as rot, silu_mul as silu
 
 def build(kernel, signature, constants, warps, **options):
     signature, constants = dict(signature, PDL="constexpr"), dict(constants, PDL=True)   # launched early
@@ -340,8 +350,8 @@ def build(kernel, signature, constants, warps, **options):
     print(kernel.fn.__name__, constants, compiled.metadata.shared)
 
 for n, dt in ((4096, "bf16"), (128, "bf16"), (100, "fp32")):
-    block_n, rows, warps = fused._rms_norm_launch_config(n)
-    build(fused._rms_norm_kernel, {"x": "*" + dt, "w": "*" + dt, "out": "*" + dt, "n_rows": "i32",
+    block_n, rows, warps = rms.rms_norm_launch_config(n)
+    build(rms._rms_norm_kernel, {"x": "*" + dt, "w": "*" + dt, "out": "*" + dt, "n_rows": "i32",
           "n_cols": "i32", "inner": "i32", "stride_outer": "i32", "stride_inner": "i32", "stride_out": "i32",
           "eps": "fp32", "BLOCK_N": "constexpr",
           "ROWS": "constexpr"}, {"BLOCK_N": block_n, "ROWS": rows}, warps)
@@ -350,8 +360,8 @@ ints = ["seq_len", "q_heads", "k_heads", "sq_b", "sq_h", "sq_t", "sk_b", "sk_h",
 sig = {p: "*bf16" for p in ("q", "k", "cos", "sin", "q_out", "k_out")}
 sig.update({p: "i32" for p in ints})
 sig.update({"HALF": "constexpr", "HALF_PAD": "constexpr", "BLOCK_H": "constexpr"})
-build(fused._rotary_kernel, sig, {"HALF": 64, "HALF_PAD": 64, "BLOCK_H": 8}, 4, enable_fp_fusion=False)
-build(fused._silu_mul_kernel, {"gate_up": "*bf16", "out": "*bf16", "n_rows": "i32", "n_cols": "i32",
+build(rot._rotary_kernel, sig, {"HALF": 64, "HALF_PAD": 64, "BLOCK_H": 8}, 4, enable_fp_fusion=False)
+build(silu._silu_mul_kernel, {"gate_up": "*bf16", "out": "*bf16", "n_rows": "i32", "n_cols": "i32",
       "stride_in": "i32", "stride_out": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}, 4)
 print("compiled 5")
 """
@@ -394,19 +404,19 @@ def test_gpu_kernels_replay_in_a_cuda_graph_without_host_syncs():
     norm = norm_module(LlamaRMSNorm, 4096, torch.bfloat16, device="cuda")
     x = torch.randn(32, 4096, device="cuda").to(torch.bfloat16)
     q, k, cos, sin = rotary_inputs(1, 32, 8, 32, 128, torch.bfloat16, device="cuda")
-    fused.rms_norm(x, norm.weight, 1e-5)
-    fused.apply_rotary(q, k, cos, sin)   # compile outside the check and the capture
+    rms.rms_norm(x, norm.weight, 1e-5)
+    rot.apply_rotary(q, k, cos, sin)   # compile outside the check and the capture
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        fused.rms_norm(x, norm.weight, 1e-5)
-        fused.apply_rotary(q, k, cos, sin)
+        rms.rms_norm(x, norm.weight, 1e-5)
+        rot.apply_rotary(q, k, cos, sin)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = fused.rms_norm(x, norm.weight, 1e-5)
-        q_out, k_out = fused.apply_rotary(q, k, cos, sin)
+        y = rms.rms_norm(x, norm.weight, 1e-5)
+        q_out, k_out = rot.apply_rotary(q, k, cos, sin)
     for seed in (5, 6):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         x.copy_(torch.randn(x.shape, generator=gen, device="cuda"))

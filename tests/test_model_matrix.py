@@ -157,8 +157,8 @@ def run_matrix_family(path: str, device: str, modes=("sync", "async", "switch"),
     eng = Engine(EngineConfig(model=path, device=device, dtype="float32", mode="async",
                               **{**MATRIX_ENGINE, **overrides}))
     eng.add_observer(lambda ev: traces.append(ev) if hasattr(ev, "preempted") else None)
-    result = {"info": dict(eng.info), "modes": {}, "graphs_note": eng._core.runner.graphs_note,
-              "graph_experts": eng._core.runner.graph_experts, "use_graphs": eng._core.runner.use_graphs}
+    result = {"info": dict(eng.info), "modes": {}, "graphs_note": eng.runner.graphs.note,
+              "graph_experts": eng.runner.graphs.experts_impl, "use_graphs": eng.runner.graphs.enabled}
     try:
         for mode in modes:
             outs = generate_in_mode(eng, prompts, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True), mode)
@@ -197,9 +197,13 @@ def test_unsupported_family_is_refused_at_load(checkpoints, family):
 
 
 def test_refusals_by_config_alone_happen_before_weights_are_read(checkpoints, tmp_path):
-    """Recurrent and non-AttentionInterface families are refused by EngineConfig.validate from config.json: a
-    folder whose weights are garbage still gets the support message, not a weight error."""
+    """Recurrent and non-AttentionInterface families are refused from config.json before any weight is read (the
+    Engine's and the CLI's preflight): a folder whose weights are garbage still gets the support message, not a
+    weight error."""
     import shutil
+
+    from batchscope.engine import Engine
+    from batchscope.engine.model.loading import preflight
 
     for family in ("mamba", "falcon"):
         folder = tmp_path / family
@@ -207,14 +211,16 @@ def test_refusals_by_config_alone_happen_before_weights_are_read(checkpoints, tm
         weights = folder / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:1000])        # truncated
         with pytest.raises(ConfigError, match=f"model type '{family}' is not supported: {REFUSED[family][2]}"):
-            EngineConfig(model=str(folder)).validate()
+            preflight(str(folder))
+        with pytest.raises(ConfigError, match=f"model type '{family}' is not supported: {REFUSED[family][2]}"):
+            Engine(EngineConfig(model=str(folder), device="cpu"))
 
 
 def test_unsupported_attention_kwarg_is_caught_by_the_probe(checkpoints):
     """gpt-oss passes attention sinks (s_aux) to the attention function: only the probe forward sees that."""
-    from batchscope.engine.attention import register
-    from batchscope.engine.models import load_model
-    from batchscope.engine.support import static_support
+    from batchscope.engine.model.attention import register
+    from batchscope.engine.model.loading import load_model
+    from batchscope.engine.model.support import static_support
     from transformers import AutoConfig
 
     path = checkpoints("gpt_oss")
@@ -224,8 +230,8 @@ def test_unsupported_attention_kwarg_is_caught_by_the_probe(checkpoints):
 
 
 def test_support_report_names_what_each_model_uses(checkpoints):
-    from batchscope.engine.attention import register
-    from batchscope.engine.models import load_model
+    from batchscope.engine.model.attention import register
+    from batchscope.engine.model.loading import load_model
 
     def report(family):
         return load_model(EngineConfig(model=checkpoints(family), device="cpu", dtype="float32"),
@@ -243,7 +249,7 @@ def test_support_report_names_what_each_model_uses(checkpoints):
 def test_logits_epilogue_reproduces_the_models_own_head(checkpoints):
     """Soft-capping (Gemma 2), logits_scaling (Granite), logit_scale (Cohere): the runner's head gives the
     model's own logits, so sampling sees the distribution transformers would, not just the same argmax."""
-    from batchscope.engine.patching import logits_epilogue
+    from batchscope.engine.model.source import logits_epilogue
 
     ids = torch.tensor([[5, 9, 33, 2, 70]])
     for family in ("gemma2", "granite", "cohere", "llama"):
@@ -262,20 +268,23 @@ def test_logits_epilogue_reproduces_the_models_own_head(checkpoints):
 
 
 def test_runner_and_cache_use_separate_key_and_value_widths(checkpoints):
-    from batchscope.engine.kv_cache import KVCache, kv_bytes_per_token
     from transformers import AutoConfig
 
+    from batchscope.engine.kv_cache import KVCache
+    from batchscope.engine.model.kv_layout import KVLayout
+
     cfg = AutoConfig.from_pretrained(checkpoints("deepseek_v2"))
-    kv = KVCache(cfg, 4, 8, torch.float32, torch.device("cpu"))
+    layout = KVLayout.from_config(cfg)
+    kv = KVCache(layout, 4, 8, torch.float32, torch.device("cpu"))
     k, v = kv.layers[1]
     assert k.shape == (5, 8, 4, 24) and v.shape == (5, 8, 4, 12)
-    assert kv_bytes_per_token(cfg, torch.float32) == 2 * 4 * (24 + 12) * 4
+    assert layout.bytes_per_token(torch.float32) == 2 * 4 * (24 + 12) * 4
 
 
 # -------------------------------------------------------------------------------------------- the Triton kernels
 
 def _interpreted() -> bool:
-    from batchscope.engine import attention_triton as at
+    from batchscope.engine.kernels import paged_attention as at
     return type(at._prefill_kernel).__name__ == "InterpretedFunction"
 
 
@@ -288,8 +297,8 @@ def test_triton_kernels_softcap_and_narrow_values(softcap, v_dim):
     if not (torch.cuda.is_available() or _interpreted()):
         pytest.skip("needs CUDA or Triton's interpreter before the kernels are first imported")
     from test_attention_triton import make_inputs, rel_err
-    from batchscope.engine import attention_triton as at
-    from batchscope.engine.attention import paged_attention_torch
+    from batchscope.engine.kernels import paged_attention as at
+    from batchscope.engine.model.attention import paged_attention_torch
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     ctx = [37, 80, 5, 16]
@@ -315,8 +324,8 @@ def test_triton_kv_write_with_separate_widths():
     pytest.importorskip("triton")
     if not (torch.cuda.is_available() or _interpreted()):
         pytest.skip("needs CUDA or Triton's interpreter")
-    from batchscope.engine.attention import write_kv
-    from batchscope.engine.kv_write_triton import write_kv_triton
+    from batchscope.engine.model.attention import write_kv
+    from batchscope.engine.kernels.kv_write import write_kv_triton
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     kc, vc = torch.zeros(6, 4, 2, 24, device=dev), torch.zeros(6, 4, 2, 12, device=dev)
@@ -406,7 +415,7 @@ def test_serve_with_a_bad_model_exits_with_one_line(checkpoints, tmp_path, what)
 # ----------------------------------------------------------------------------------------------------- presets
 
 def test_qwen3_30b_a3b_preset_has_the_real_shapes():
-    from batchscope.engine.models import PRESETS, random_preset_config
+    from batchscope.engine.model.loading import PRESETS, random_preset_config
     from transformers import AutoModelForCausalLM
 
     assert "qwen3-30b-a3b-random" in PRESETS

@@ -16,7 +16,7 @@ if not HAS_CUDA:
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from batchscope.engine import moe_triton  # noqa: E402
+from batchscope.engine.kernels import moe as moe_triton  # noqa: E402
 
 
 def gpu(test):
@@ -255,9 +255,9 @@ def test_bf16_moe_decode_graphs_use_the_fused_experts(tmp_path):
         with Engine(EngineConfig(model=path, device="cuda", dtype="bfloat16", num_blocks=64, max_running=8,
                                  cuda_graphs=graphs)) as eng:
             if graphs:
-                assert eng._core.runner.graph_experts == moe_triton.NAME, eng._core.runner.graph_experts
+                assert eng.runner.graphs.experts_impl == moe_triton.NAME, eng.runner.graphs.experts_impl
             outs[graphs] = [o.token_ids for o in eng.generate(prompts, params)]
     same = sum(a == b for x, y in zip(outs[True], outs[False]) for a, b in zip(x, y))
     assert same >= 0.8 * sum(len(x) for x in outs[True]), (outs[True], outs[False])
     with Engine(EngineConfig(model=path, device="cuda", dtype="float32", num_blocks=64, max_running=8)) as eng:
-        assert eng._core.runner.graph_experts != moe_triton.NAME
+        assert eng.runner.graphs.experts_impl != moe_triton.NAME

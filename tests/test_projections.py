@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from batchscope.engine.projections import merge_projections
+from batchscope.engine.kernels.projections import merge_projections
 
 
 def tiny(kind: str, bias: bool = False):

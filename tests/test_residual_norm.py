@@ -1,4 +1,4 @@
-"""The residual add fused with the RMSNorm after it (engine.residual_norm): the sum is the eager add's bit for bit,
+"""The residual add fused with the RMSNorm after it (engine/kernels/residual_norm.py): the sum is the eager add's bit for bit,
 the norm the fused RMSNorm's; only decoder layers whose forward is the Llama template are swapped; a norm computed
 ahead is used only on the very tensor it was computed for; greedy generation is unchanged.
 
@@ -20,8 +20,8 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm  # noqa: E402
 
-from batchscope.engine import fused, residual_norm  # noqa: E402
-from test_fused import (INTERPRETED, _interpreter_bf16_rounding, _tiny, _greedy, gpu, norm_module,  # noqa: E402,F401
+from batchscope.engine.kernels import residual_norm, rms_norm as rms, rotary as rot  # noqa: E402
+from test_fused import (INTERPRETED, install, uninstall, _interpreter_bf16_rounding, _tiny, _greedy, gpu, norm_module,  # noqa: E402,F401
                         ulp_distance)
 
 interp = pytest.mark.skipif(not INTERPRETED, reason="CPU interpreter tests run where there is no CUDA device")
@@ -30,12 +30,12 @@ interp = pytest.mark.skipif(not INTERPRETED, reason="CPU interpreter tests run w
 @pytest.fixture(autouse=True)
 def _restore_rotary():
     yield
-    fused.uninstall_fused_kernels()
+    rot.uninstall_rotary()
 
 
 def fused_norm(n, dtype, device="cpu", seed=0):
     module = norm_module(LlamaRMSNorm, n, dtype, device=device, seed=seed)
-    fused.install_fused_kernels(torch.nn.ModuleDict({"norm": module}), rotary=False)
+    rms.install_rms_norms(torch.nn.ModuleDict({"norm": module}))
     return module
 
 
@@ -53,7 +53,7 @@ def check_add_norm(rows, n, dtype, device="cpu"):
     assert dist.max().item() <= (2 if dtype != torch.float32 else 8)
     if dtype != torch.float32:
         assert (dist > 0).float().mean().item() < 0.01
-    assert torch.equal(normed, fused.rms_norm(eager_total, norm.weight, norm.variance_epsilon))
+    assert torch.equal(normed, rms.rms_norm(eager_total, norm.weight, norm.variance_epsilon))
 
 
 @interp
@@ -80,8 +80,8 @@ def test_a_norm_computed_ahead_is_used_only_on_its_own_unchanged_tensor():
     residual, delta = torch.randn(4, 32), torch.randn(4, 32)
     total = residual_norm.add_norm_ahead(residual, delta, norm)
     calls = []
-    kernel = fused.rms_norm
-    fused.rms_norm = lambda *a: calls.append(1) or kernel(*a)
+    kernel = rms.rms_norm
+    rms.rms_norm = lambda *a: calls.append(1) or kernel(*a)
     try:
         ahead = norm(total)                        # the value computed with the add: no kernel of its own
         assert calls == [] and torch.equal(ahead, kernel(total, norm.weight, norm.variance_epsilon))
@@ -93,7 +93,7 @@ def test_a_norm_computed_ahead_is_used_only_on_its_own_unchanged_tensor():
         assert torch.allclose(norm(other.clone() * 3), LlamaRMSNorm.forward(norm, other * 3))   # another tensor
         assert len(calls) == 2
     finally:
-        fused.rms_norm = kernel
+        rms.rms_norm = kernel
 
 
 def test_only_template_layers_are_recognised():
@@ -128,21 +128,21 @@ def test_tiny_model_greedy_output_unchanged_in_interpreter(kind):
     with torch.inference_mode():
         ref_tokens = _greedy(model, prompt, 5)
         ref_logits = model(ids).logits
-    fused.install_fused_kernels(model)
+    install(model)
     installed = residual_norm.install_residual_norms(model)
     assert installed == ["model.layers.0", "model.layers.1"]
     norms = []
-    kernel = fused.rms_norm
-    fused.rms_norm = lambda *a: norms.append(1) or kernel(*a)
+    kernel = rms.rms_norm
+    rms.rms_norm = lambda *a: norms.append(1) or kernel(*a)
     try:
         with torch.inference_mode():
             logits = model(ids).logits
             per_forward = len(norms)
             tokens = _greedy(model, prompt, 5)
     finally:
-        fused.rms_norm = kernel
+        rms.rms_norm = kernel
         residual_norm.uninstall_residual_norms(model)
-        fused.uninstall_fused_kernels(model)
+        uninstall(model)
     # of the five decoder norms only the first layer's input norm runs alone (Qwen3: and its q/k head norms)
     assert per_forward == (1 if kind == "llama" else 1 + 2 * 2)
     assert (logits - ref_logits).abs().max().item() < 1e-4
@@ -152,7 +152,7 @@ def test_tiny_model_greedy_output_unchanged_in_interpreter(kind):
 
 def _fused_tiny_llama():
     model = _tiny("llama", torch.float32)
-    fused.install_fused_kernels(model)
+    install(model)
     assert residual_norm.install_residual_norms(model)
     return model
 
@@ -171,7 +171,7 @@ def test_a_hook_that_changes_a_layer_output_in_place_is_seen_in_inference_mode()
             assert (model(ids).logits - plain(ids).logits).abs().max().item() < 1e-4
     finally:
         residual_norm.uninstall_residual_norms(model)
-        fused.uninstall_fused_kernels(model)
+        uninstall(model)
 
 
 @interp
@@ -193,7 +193,7 @@ def test_the_fused_layer_takes_its_arguments_as_the_original_does():
             layer(x, None, None, None, False, cos_sin, "one too many")
     finally:
         residual_norm.uninstall_residual_norms(model)
-        fused.uninstall_fused_kernels(model)
+        uninstall(model)
 
 
 @gpu

@@ -25,7 +25,7 @@ from batchscope.engine import Engine, EngineConfig
 from batchscope.engine.request import TokenDelta
 from batchscope.telemetry import Telemetry, validate_timeline
 from batchscope.telemetry.hub import Hub, TooManySubscribers
-from batchscope.telemetry.synthetic import SyntheticEngine
+from synthetic import SyntheticEngine
 
 LIMITS = Limits(max_prompt_tokens=256, max_new_tokens=256, max_burst_requests=32, max_concurrent_bursts=2,
                 max_waiting_requests=64)

@@ -19,8 +19,8 @@ if not HAS_CUDA:
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from batchscope.engine import skinny_gemm  # noqa: E402
-from batchscope.engine.projections import merge_projections  # noqa: E402
+from batchscope.engine.kernels import skinny_gemm  # noqa: E402
+from batchscope.engine.kernels.projections import merge_projections  # noqa: E402
 from test_fused import INTERPRETED, _interpreter_bf16_rounding, gpu  # noqa: E402,F401
 
 interp = pytest.mark.skipif(not INTERPRETED, reason="CPU interpreter tests run where there is no CUDA device")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from batchscope.telemetry.clock import EventClock
-from batchscope.telemetry.synthetic import FakeEvent
+from synthetic import FakeEvent
 
 ORIGIN = 1_000_000_000          # the session origin, host ns
 

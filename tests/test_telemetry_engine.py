@@ -100,7 +100,7 @@ def test_a_live_viewer_sees_the_engine_switch():
         assert (mode["from"], mode["to"]) == ("sync", "async") and isinstance(mode["step"], int)
         sub.close()
         tel.close()
-        assert tel._observer not in eng._core.observers
+        assert tel._observer not in eng.observers
         eng.close()
 
     asyncio.run(main())
@@ -113,7 +113,7 @@ def test_traces_report_their_own_steps_kv_usage_and_sync_ones_wait_for_the_next_
     usage its own step ran with, not that of the step built since."""
     eng = Engine(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode=mode, num_blocks=64,
                               max_batch_tokens=64, block_size=16))
-    runner = eng._core.runner
+    runner = eng.runner
     launched = []
     launch = runner.launch
     runner.launch = lambda batch: launched.append(batch.plan.step) or launch(batch)

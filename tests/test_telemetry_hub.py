@@ -11,7 +11,7 @@ import pytest
 
 from batchscope.telemetry import SCHEMA_ID, Telemetry
 from batchscope.telemetry.hub import Hub, SubscriptionClosed
-from batchscope.telemetry.synthetic import SyntheticEngine
+from synthetic import SyntheticEngine
 
 
 def test_a_viewer_gets_steps_requests_mode_and_stats():

@@ -9,7 +9,7 @@ import pytest
 from batchscope.telemetry import Telemetry
 from batchscope.telemetry import nvml as nvml_mod
 from batchscope.telemetry.nvml import Sampler
-from batchscope.telemetry.synthetic import SyntheticEngine
+from synthetic import SyntheticEngine
 
 FIRM = ("t_us", "gpu_util", "mem_util", "mem_used_mb", "power_w", "sm_clock_mhz")
 

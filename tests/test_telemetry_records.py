@@ -8,7 +8,7 @@ import pytest
 
 from batchscope.engine.trace import HOST_PHASES, StepTrace
 from batchscope.telemetry import IDLE_CAUSES, Telemetry, validate_timeline
-from batchscope.telemetry.synthetic import SyntheticEngine
+from synthetic import SyntheticEngine
 
 TOL = 0.2   # µs: records are rounded to 0.1 µs
 

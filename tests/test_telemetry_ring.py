@@ -6,7 +6,7 @@ import types
 
 from batchscope.engine.trace import StepTrace
 from batchscope.telemetry import Telemetry
-from batchscope.telemetry.synthetic import SyntheticEngine
+from synthetic import SyntheticEngine
 
 
 def feed(tel: Telemetry, first: int, count: int) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from batchscope.telemetry import Telemetry, compare, percentiles, request_metrics, summarize
 from batchscope.telemetry.summary import stretches, union_length
-from batchscope.telemetry.synthetic import SyntheticEngine
+from synthetic import SyntheticEngine
 
 
 def step(n, compute, tokens=1, prefill=0, decode=1, idle=None, parts=None, mode="sync", kv=10):

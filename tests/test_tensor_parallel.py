@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from batchscope.engine import ConfigError, Engine, EngineConfig, EngineUnavailable, SamplingParams
-from batchscope.engine.tensor_parallel import TP_FAMILIES
+from batchscope.engine.parallel.sharding import TP_FAMILIES
 from test_model_matrix import FAMILIES, build_checkpoint, matrix_prompts, run_matrix_family
 
 SPLIT_FAMILIES = [f for f in FAMILIES if f in TP_FAMILIES]
@@ -192,7 +192,7 @@ def test_close_stops_every_rank(checkpoints):
 
     eng = Engine(EngineConfig(model=checkpoints("llama"), device="cpu", dtype="float32", tensor_parallel_size=2,
                               num_blocks=32))
-    peers = [psutil.Process(p.pid) for p in eng._peers.procs]
+    peers = [psutil.Process(p.pid) for p in eng._ranks.procs]
     assert all(p.is_running() for p in peers)
     eng.close()
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in peers)
@@ -208,11 +208,11 @@ def test_a_rank_that_dies_fails_what_runs_and_refuses_new_requests(checkpoints):
         deadline = time.monotonic() + 30
         while eng.stats()["steps"] < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
-        eng._peers.procs[0].kill()
+        eng._ranks.procs[0].kill()
         out = handle.result(timeout=60)
         assert out.finish_reason == "error" and out.error
         deadline = time.monotonic() + 10
-        while not eng._peers.lost and time.monotonic() < deadline:
+        while not eng._ranks.lost and time.monotonic() < deadline:
             time.sleep(0.05)
         with pytest.raises(EngineUnavailable, match="tensor-parallel rank 1"):
             eng.submit([1, 2, 3], SamplingParams(max_new_tokens=2))
@@ -225,7 +225,7 @@ _RANK0 = """
 import sys, time
 from batchscope.engine import Engine, EngineConfig, SamplingParams
 eng = Engine(EngineConfig(model=sys.argv[1], device="cpu", dtype="float32", tensor_parallel_size=2, num_blocks=32))
-print(" ".join(str(p.pid) for p in eng._peers.procs), flush=True)
+print(" ".join(str(p.pid) for p in eng._ranks.procs), flush=True)
 eng.submit([5, 6, 7], SamplingParams(max_new_tokens=100000, ignore_eos=True))   # keep every rank busy
 time.sleep(600)
 """
@@ -279,7 +279,7 @@ path = build_checkpoint("x", sys.argv[4])
 res = run_matrix_family(path, "cuda", tensor_parallel_size=2)
 print("RESULT " + json.dumps({"modes": res["modes"], "preempted": res["preempted"], "chunked": res["chunked"],
                               "ranks": res["info"]["ranks"], "note": res["graphs_note"]}), flush=True)
-from batchscope.engine.peers import leave
+from batchscope.engine.parallel.ranks import leave
 leave(0)
 """
 
@@ -309,7 +309,7 @@ def test_tp2_on_cuda_with_graphs_equals_transformers(tmp_path, family, changes):
 
 _FAILING_PEER = """
 import sys
-if "batchscope.engine.peers" in sys.orig_argv:      # only in the ranks the engine starts
+if "batchscope.engine.peer" in sys.orig_argv:      # only in the ranks the engine starts
     import torch
 
     def refuse(n):

@@ -99,8 +99,9 @@ class SyntheticEngine:
         self._next_mode = mode
 
     def stats(self) -> dict:
-        return {"mode": self.mode, "waiting": len(self.waiting), "running": len(self.running),
-                "kv_blocks_used": self._blocks_used(), "kv_blocks_total": self.num_blocks, "steps": self.step_no}
+        used = self._blocks_used()
+        return {"mode": self.mode, "queue": len(self.waiting), "running": len(self.running), "kv_blocks_used": used,
+                "kv_blocks_total": self.num_blocks, "kv_usage": used / self.num_blocks, "steps": self.step_no}
 
     # ---- load ----------------------------------------------------------------------------------------------------
     def submit(self, n: int = 1, prompt_tokens: int = 32, max_new_tokens: int = 8) -> list[str]:

@@ -8,24 +8,25 @@ supported. The decision has two parts:
   go through transformers' AttentionInterface (their attention would never see the paged cache);
 - dynamic, on the loaded model: one probe forward through our attention function records every attention call
   (one per layer, causal, no mask of the model's own, no keyword argument we do not honour, K/V shapes the cache
-  is laid out for), and the causal-LM head is read for what it does to the logits (see patching.logits_epilogue).
+  is laid out for), and the causal-LM head is read for what it does to the logits (see source.logits_epilogue).
+  What the probe sees of K/V is the model's KV layout (`check_support` returns it), which sizes the cache.
 Families checked token-exact by tests/test_model_matrix.py are listed in VERIFIED_FAMILIES; another model that
 passes every check loads too, and engine.info says it is not in the verified list.
-
-A local checkpoint folder's files are checked here too, cheaply and without reading a weight.
 """
 from __future__ import annotations
 
 import inspect
-import json
 import re
-import struct
 import sys
-from pathlib import Path
 
 import torch
 
-from .config import ConfigError
+from ..config import ConfigError
+from .attention import ProbeMetadata, use_metadata
+from .checkpoint import first_line
+from .experts import experts_configs
+from .kv_layout import KVLayout
+from .source import UnsupportedHead, logits_epilogue
 
 # Checked token-exact against transformers' generate in sync, async and across live switches (model matrix).
 VERIFIED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma", "gemma2",
@@ -50,91 +51,6 @@ def unsupported(model_type: str, reason: str, detail: str) -> ConfigError:
                        f"Supported: {SUPPORTED_SUMMARY}")
 
 
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
-
-
-# Files that say a folder ships a tokenizer; one of the last four holds its vocabulary.
-TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer.model",
-                   "vocab.json", "vocab.txt")
-
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Checkpoint folders: the cheap checks, without reading any weight (EngineConfig.validate runs them)
-# ------------------------------------------------------------------------------------------------------------
-def read_config(path: str | Path) -> dict:
-    cfg = Path(path) / "config.json"
-    if not cfg.is_file():
-        raise ConfigError(f"{path}: not a model checkpoint folder: config.json is missing")
-    try:
-        data = json.loads(cfg.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{cfg}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
-        raise ConfigError(f"{cfg}: names no model_type")
-    return data
-
-
-def _check_safetensors(path: Path) -> None:
-    """The header parses and the data it describes is all there (a truncated download is caught here)."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(8)
-            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-            if not 2 <= n <= size - 8:
-                raise ValueError("no valid header")
-            header = json.loads(f.read(n))
-        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
-        raise ConfigError(f"{path}: corrupt safetensors file ({exc})") from None
-    if 8 + n + end != size:
-        raise ConfigError(f"{path}: corrupt safetensors file: {size} bytes, its header describes {8 + n + end} "
-                          f"(truncated or damaged)")
-
-
-def check_checkpoint_folder(path: str | Path) -> dict:
-    """A local folder's config, weights and tokenizer files, checked without loading them; returns the config."""
-    folder = Path(path)
-    data = read_config(folder)
-    shards: list[Path] = []
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if (folder / index).is_file():
-            try:
-                names = set(json.loads((folder / index).read_text())["weight_map"].values())
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise ConfigError(f"{folder / index}: not a valid weight index ({exc})") from None
-            missing = sorted(n for n in names if not (folder / n).is_file())
-            if missing:
-                raise ConfigError(f"{folder}: weight shards listed in {index} are missing: {', '.join(missing)}")
-            shards += [folder / n for n in sorted(names)]
-    if not shards:
-        shards = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("pytorch_model*.bin"))
-    if not shards:
-        raise ConfigError(f"{folder}: no weights (model.safetensors or pytorch_model.bin) in the folder")
-    for shard in shards:
-        if shard.suffix == ".safetensors":
-            _check_safetensors(shard)
-        elif shard.stat().st_size == 0:
-            raise ConfigError(f"{shard}: empty weight file")
-    present = [f for f in TOKENIZER_FILES if (folder / f).exists()]
-    for name in present:
-        if name.endswith(".json"):
-            try:
-                json.loads((folder / name).read_text())
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"{folder / name}: the tokenizer file is not readable JSON ({exc})") from None
-    if present and not set(present) & {"tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt"}:
-        raise ConfigError(f"{folder}: tokenizer files are incomplete ({', '.join(present)} but no tokenizer.json, "
-                          f"tokenizer.model or vocab file)")
-    return data
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Support policy
-# ------------------------------------------------------------------------------------------------------------
 def _causal_lm_class(model_type: str):
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -197,12 +113,9 @@ def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_decoder() if hasattr(model, "get_decoder") else model.model
 
 
-def check_support(model: torch.nn.Module) -> dict:
-    """The dynamic half of the policy, on the loaded model with our attention set: returns what it found."""
-    from .attention import ProbeMetadata, use_metadata
-    from .kv_cache import KVLayout, remember_layout
-    from .patching import UnsupportedHead, logits_epilogue
-
+def check_support(model: torch.nn.Module) -> tuple[dict, KVLayout]:
+    """The dynamic half of the policy, on the loaded model with our attention set: returns what it found (for
+    engine.info) and the K/V layout its attention layers hand over, which the cache is built for."""
     cfg = model.config
     model_type = getattr(cfg, "model_type", type(model).__name__)
     static_support(cfg)
@@ -265,14 +178,12 @@ def check_support(model: torch.nn.Module) -> dict:
         if c.softcap:
             features.add("logit soft-capping")
     layout = KVLayout(num_layers, kv_heads, k_dim, v_dim)
-    remember_layout(cfg, layout)
     if layout.k_dim != layout.v_dim:
         features.add("keys wider than values (MLA)")
     if steps:
         features.add("logits post-processing")
-    from .graphs import experts_configs
     if experts_configs(model):
         features.add("mixture of experts")
     return {"model_type": model_type, "verified": model_type in VERIFIED_FAMILIES,
             "attention": sorted(features), "kv_heads": layout.kv_heads, "k_dim": layout.k_dim,
-            "v_dim": layout.v_dim}
+            "v_dim": layout.v_dim}, layout

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from .common import INTERPRETED
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def enter(PDL: tl.constexpr):
 def supported(device: torch.device) -> bool:
     """The griddepcontrol instructions and the launch attribute exist from compute capability 9.0 (Hopper);
     `BATCHSCOPE_DEPENDENT_LAUNCH=0` turns them off (to measure what they bring)."""
-    if _INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
+    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
         return False
     if os.environ.get("BATCHSCOPE_DEPENDENT_LAUNCH", "1") == "0":
         return False

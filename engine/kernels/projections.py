@@ -10,7 +10,7 @@ under-threaded call). `merge_projections(model)` concatenates sibling weights on
   return their slices of it. Called on any other input, each projection computes its own product as before, so
   a model that calls them differently stays correct.
 - MLP modules whose forward is, op for op, `_mlp_eager` below: one GEMM on the merged gate/up weight, the
-  activation times the up half (one fused kernel on CUDA, see `engine.fused.silu_mul`), then `down_proj`.
+  activation times the up half (one fused kernel on CUDA, see `kernels.silu_mul`), then `down_proj`.
 
 The original parameters become views into the merged weights, so no memory is added and `state_dict` is
 unchanged. Each output element is the same dot product as before; only the GEMM's blocking changes.
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .patching import same_code
+from .common import same_code
 
 
 def _mlp_eager(self, x):
@@ -49,8 +49,8 @@ class MergedWeight:
             self.bounds.append((start, end))
             start = end
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.packed = None          # on a CPU, the merged weight prepacked for oneDNN (engine.cpu_gemm)
-        self.skinny = None          # on CUDA, the few-row decode kernel where it beats cuBLAS (engine.skinny_gemm)
+        self.packed = None          # on a CPU, the merged weight prepacked for oneDNN (kernels.cpu_gemm)
+        self.skinny = None          # on CUDA, the few-row decode kernel where it beats cuBLAS (kernels.skinny_gemm)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.device.type == "cpu" and x.dtype == torch.float32:
@@ -100,7 +100,7 @@ def _plain_linears(*modules) -> bool:
                for m in modules)
 
 
-def _is_silu(act) -> bool:
+def is_silu(act) -> bool:
     return isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
 
 
@@ -110,7 +110,7 @@ def merge_projections(model: nn.Module, fused_silu: bool = False) -> list[str]:
     merged: list[str] = []
     silu_mul = None
     if fused_silu:
-        from .fused import silu_mul    # lazy: Triton kernels compile only where they run
+        from .silu_mul import silu_mul    # lazy: Triton kernels compile only where they run
     for name, module in model.named_modules():
         if "forward" in module.__dict__:
             continue    # an instance-level forward (a hook wrapper, or already merged) is left alone
@@ -126,7 +126,7 @@ def merge_projections(model: nn.Module, fused_silu: bool = False) -> list[str]:
         if (isinstance(gate, nn.Module) and isinstance(up, nn.Module) and isinstance(down, nn.Module)
                 and _plain_linears(gate, up) and same_code(type(module).forward, _mlp_eager)):
             module.batchscope_merged = MergedWeight([gate, up])
-            module.batchscope_silu = silu_mul if silu_mul and _is_silu(getattr(module, "act_fn", None)) else None
+            module.batchscope_silu = silu_mul if silu_mul and is_silu(getattr(module, "act_fn", None)) else None
             module.forward = types.MethodType(_merged_mlp_forward, module)
             merged.append(f"{name} (gate/up)")
     return merged

@@ -15,6 +15,7 @@ Every output element is the same dot product as at N=1, summed in a different or
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ConfigError
+from ..config import ConfigError
 
 # Families whose layers are built from the projections above (checked per layer at load, too).
 TP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma", "gemma2", "gemma3_text",
@@ -49,6 +50,10 @@ class TPLayout:
             head = self.rank * total_kv // self.size
             return range(head, head + 1)
         return range(self.rank * self.kv_heads, (self.rank + 1) * self.kv_heads)
+
+    def kv_share(self, full):
+        """This rank's share of a model's KV layout (model/kv_layout.py): its KV heads, the same widths."""
+        return dataclasses.replace(full, kv_heads=self.kv_heads)
 
 
 def plan_layout(model_config, rank: int, size: int) -> TPLayout:
@@ -231,12 +236,6 @@ def share_head(model: nn.Module, layout: TPLayout) -> None:
     rows = head.weight.detach()[layout.rank * part:(layout.rank + 1) * part].clone()
     model.set_output_embeddings(GatheredHead(rows, layout.size))
     model.config.tie_word_embeddings = False
-
-
-def nvls_off_env() -> dict[str, str]:
-    """NVLink multicast (NVLS) off in every process: it misbehaves on the shared multi-GPU machines."""
-    return {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-
 
 
 def measure_allreduce(hidden: int, dtype: torch.dtype, device: torch.device, rows=(1, 8, 32, 64, 128, 256),

@@ -38,7 +38,7 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]   # per layer (k, v): [num_blocks, block_size, kv_heads, D]
-    kernel: str = "torch"            # "torch" | "triton"
+    backend: str = "torch"           # the attention backend: "torch" (reference) | "triton" (kernels/)
     # One step's decode masks, built by its first layer and reused by the rest: a metadata object describes one
     # step (the runner makes a new one per forward); whoever rewrites its tensors in place must clear this.
     decode_masks: dict = field(default_factory=dict, repr=False)
@@ -217,9 +217,9 @@ def _attention_forward(module, query, key, value, attention_mask, scaling=None, 
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     softcap = kwargs.get("softcap")
-    if meta.kernel == "triton":
-        from .attention_triton import paged_attention_triton
-        from .kv_write_triton import write_kv_triton
+    if meta.backend == "triton":
+        from ..kernels.kv_write import write_kv_triton
+        from ..kernels.paged_attention import paged_attention_triton
         write_kv_triton(k_cache, v_cache, key[0].transpose(0, 1), value[0].transpose(0, 1), meta.slot_mapping)
         out = paged_attention_triton(q, k_cache, v_cache, meta, scale, window, softcap)
     else:

@@ -20,15 +20,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .attention_triton import _num_sms
+from .common import INTERPRETED, device_of, sm_count, usable
 from .dependent_launch import enter, launch_options
-from .fused import _INTERPRETED, _device_of, _usable
 
 MAX_ROWS = 32          # at most this many rows take the kernel; more rows leave cuBLAS too little to lose
 BLOCK_N, BLOCK_K = 64, 128
 # fp32 would run on tf32 tensor cores (about 1e-3 relative error): 16-bit weights only. Triton's CPU interpreter
 # runs its dots on fp32 alone, so there the tests check the kernel in fp32.
-_DTYPES = (torch.float32,) if _INTERPRETED else (torch.bfloat16, torch.float16)
+_DTYPES = (torch.float32,) if INTERPRETED else (torch.bfloat16, torch.float16)
 
 
 @triton.jit(do_not_specialize=["m"])
@@ -122,7 +121,7 @@ class SkinnyGemm:
         if out is None:
             out = torch.empty(m, n, dtype=x.dtype, device=x.device)
         block_m = 16 if m <= 16 else self.block_m
-        with _device_of(x):
+        with device_of(x):
             _skinny_gemm_kernel[(n // self.block_n, self.split_k)](
                 x, self.weight, out, self.scratch, self.counters, m, n, k, x.stride(0), out.stride(0),
                 SPLIT_K=self.split_k, BLOCK_M=block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
@@ -134,7 +133,7 @@ class SkinnyGemm:
         dtype or device, autograd, odd strides)."""
         k = self.weight.shape[1]
         if (x.shape[-1] != k or x.dtype != self.weight.dtype or x.device != self.weight.device
-                or not _usable(x) or x.dtype not in _DTYPES or x.numel() > self.block_m * k
+                or not usable(x) or x.dtype not in _DTYPES or x.numel() > self.block_m * k
                 or (torch.is_grad_enabled() and x.requires_grad)):
             return None
         try:
@@ -153,7 +152,7 @@ def _skinny_linear_forward(self, x):
 
 def install_skinny_gemms(model: torch.nn.Module) -> list[str]:
     """Give the planned bias-free bf16/fp16 linears (plain nn.Linear, and the merged q/k/v and gate/up weights of
-    engine.projections) the kernel for inputs of at most MAX_ROWS rows; returns their names."""
+    kernels.projections) the kernel for inputs of at most MAX_ROWS rows; returns their names."""
     from .projections import MergedWeight
     planned: list[tuple[str, object, torch.Tensor, tuple[int, int]]] = []
     merged_storage = {m.batchscope_merged.weight.untyped_storage().data_ptr() for m in model.modules()
@@ -188,9 +187,9 @@ def install_skinny_gemms(model: torch.nn.Module) -> list[str]:
 
 
 def _plannable(weight: torch.Tensor) -> tuple[int, int] | None:
-    if weight.dtype not in _DTYPES or not _usable(weight) or weight.requires_grad:
+    if weight.dtype not in _DTYPES or not usable(weight) or weight.requires_grad:
         return None
-    return plan(weight, _num_sms(weight.device))
+    return plan(weight, sm_count(weight.device))
 
 
 def uninstall_skinny_gemms(model: torch.nn.Module) -> None:

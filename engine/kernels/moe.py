@@ -10,7 +10,7 @@ bandwidth, and the step ran at 2.2x its routed floor (docs/BENCHMARKS.md, MoE). 
 2. `_expert_gemm_kernel`, once for gate/up and once for down: a program per (block, column tile) multiplies its
    block's rows (gathered from the token rows, or the pair rows) by its expert's weight tile, and writes them back
    to the pairs' rows; unused blocks return at once. The down pass multiplies by the routing weight.
-3. SiLU(gate) * up between them (engine.fused.silu_mul), and the top-k sum per token at the end (`combine`), as
+3. SiLU(gate) * up between them (kernels.silu_mul), and the top-k sum per token at the end (`combine`), as
    the experts' own forward does.
 
 Registered in transformers' ExpertsInterface as "batchscope_fused" and used by the decode graphs of bf16/fp16
@@ -26,8 +26,8 @@ import types
 import torch
 import torch.nn.functional as F
 
-from .patching import same_code
-from .projections import _is_silu
+from .common import same_code, usable
+from .projections import is_silu
 
 try:    # transformers' default SiLU(gate) * up, which `_gate` runs as one kernel (another version: its gate, unfused)
     from transformers.integrations.moe import _default_apply_gate
@@ -39,7 +39,7 @@ try:
     import triton
     import triton.language as tl
 
-    from .fused import _usable, silu_mul
+    from .silu_mul import silu_mul
 except Exception:       # pragma: no cover - no Triton: the module cannot be used, callers check `available`
     triton = None
 
@@ -225,7 +225,7 @@ def supports(experts: torch.nn.Module) -> bool:
 def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                           top_k_weights: torch.Tensor) -> torch.Tensor:
     """The experts' forward (transformers' experts interface signature) on the fused kernels."""
-    if not (_usable(hidden_states) and supports(self)):
+    if not (usable(hidden_states) and supports(self)):
         raise RuntimeError(f"{NAME}: these experts or inputs are not covered (CUDA, concatenated gate/up, no bias)")
     tokens, top_k = top_k_index.shape
     n_pairs = tokens * top_k
@@ -240,7 +240,7 @@ def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.
 
 def _gate(experts, gate_up: torch.Tensor) -> torch.Tensor:
     """The experts' own gate; SiLU(gate) * up as one kernel where that is what it computes."""
-    if _default_gate_code is not None and _is_silu(getattr(experts, "act_fn", None)) \
+    if _default_gate_code is not None and is_silu(getattr(experts, "act_fn", None)) \
             and getattr(type(experts)._apply_gate, "__code__", None) is _default_gate_code:
         out = silu_mul(gate_up, gate_up.shape[-1] // 2)
         if out is not None:
@@ -355,7 +355,7 @@ def _mixtral_router_eager(self, hidden_states):
 def _fused_router_forward(self, hidden_states):
     x = hidden_states.reshape(-1, self.hidden_dim)
     # bf16/fp16 only: float32 keeps transformers' ops, which the exactness tests compare token for token
-    if not (_usable(x) and x.dtype != torch.float32 and self.weight.dtype == x.dtype
+    if not (usable(x) and x.dtype != torch.float32 and self.weight.dtype == x.dtype
             and self.top_k <= self.weight.shape[0]):
         return type(self).forward(self, hidden_states)
     logits = F.linear(x, self.weight)

@@ -5,7 +5,7 @@ rows, MKL's sgemm (what `F.linear` runs) streamed SmolLM2-135M's 538 MB of float
 VM, a quarter of what the memory gives a plain read (43 GB/s); oneDNN's linear on weights reordered once into its
 blocked layout streamed them at 31 GB/s (benchmarks/cpu_gemm_stream.py, docs/BENCHMARKS.md (d)).
 
-`pack_linears(model)` reorders each linear's weight once, after loading and merging (engine.projections): plain
+`pack_linears(model)` reorders each linear's weight once, after loading and merging (kernels.projections): plain
 `nn.Linear` layers get a forward that runs oneDNN's linear on the packed copy, and merged q/k/v and gate/up
 weights use it too. The packed copy is extra memory (the weights stay where transformers expects them), and each
 output element is the same dot product in another summation order, as with the merged GEMMs.

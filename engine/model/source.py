@@ -1,26 +1,14 @@
-"""Checks before swapping faster code into a transformers model: only where the model's code is, op for op, the
-code the replacement reproduces."""
+"""Reading a transformers model's own source: whether its decoder only looks its input ids up (so the runner may do
+the lookup), and what its causal-LM head does to the logits (so the runner can reproduce it, or the model is
+refused)."""
 from __future__ import annotations
 
 import ast
-import dis
 import inspect
 import re
 import textwrap
 
 import torch
-
-
-def same_code(fn, reference) -> bool:
-    """Same instructions on the same names and constants (docstrings aside): the same math."""
-    fn = getattr(fn, "__func__", fn)
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return False
-
-    def ops(c):
-        return [(i.opname, i.argval) for i in dis.get_instructions(c)], c.co_varnames
-    return ops(code) == ops(reference.__code__)
 
 
 def embeds_only(decoder) -> bool:

@@ -17,13 +17,12 @@ and then moved to the log2 domain.
 """
 from __future__ import annotations
 
-import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from .common import DEFAULT_NUM_SMS, INTERPRETED, sm_count
 from .dependent_launch import enter, launch_options
 
 LOG2E = 1.4426950408889634
@@ -45,10 +44,8 @@ PROGRAMS_PER_SM = 2
 # contexts 256-1024: at 256 requests 1.04x the K/V floor on average against 1.065x for 64-key tiles 3 stages
 # deep in four warps, at 128 requests 1.093x against 1.118x; at 64 requests the four-warp tiles stay ahead.)
 MANY_PROGRAMS_PER_SM = 6
-DEFAULT_NUM_SMS = 132  # H200 / H100 SXM
 # Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) multiplies bf16/fp16 tiles as raw integer
 # bits; there the kernels upcast dot operands to fp32 (after the same bf16 rounding of p the GPU does).
-_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -325,20 +322,13 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return DEFAULT_NUM_SMS
-
-
 def _precision(dtype: torch.dtype) -> str:
     # fp32 inputs must not be rounded to tf32 on the tensor cores: that would cost ~1e-3 relative error.
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _dot_f32(dtype: torch.dtype) -> bool:
-    return _INTERPRETED and dtype != torch.float32
+    return INTERPRETED and dtype != torch.float32
 
 
 def _decode_block_n(dtype: torch.dtype, head_dim: int) -> int:
@@ -413,8 +403,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     G = H // KVH
     if num_splits is None:
         num_splits = getattr(meta, "decode_splits", None) or decode_splits(
-            meta.block_tables.shape[1] * block_size, block_size, B, KVH, _num_sms(q.device))
-    tile_n, tile_stages, tile_warps = decode_tile(q.dtype, max(D, Dv), num_splits * KVH * B, _num_sms(q.device))
+            meta.block_tables.shape[1] * block_size, block_size, B, KVH, sm_count(q.device))
+    tile_n, tile_stages, tile_warps = decode_tile(q.dtype, max(D, Dv), num_splits * KVH * B, sm_count(q.device))
     block_n = block_n or tile_n
     if out is None:
         out = torch.empty((T, H, Dv), dtype=q.dtype, device=q.device)

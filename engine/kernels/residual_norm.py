@@ -12,8 +12,8 @@ forward is, statement for statement, `_LAYER_TEMPLATE` a forward in which
   The norm returns it when called on exactly that tensor, unchanged; on anything else it normalizes as usual.
 
 The sum is rounded to the dtype before the norm reads it, as the eager add does, and the norm is
-`engine.fused.rms_norm`'s arithmetic: outputs equal the eager layer's. Only norms already running the fused kernel
-(`engine.fused`) take part; anything not covered runs the eager add and the module's own norm.
+`kernels.rms_norm`'s arithmetic: outputs equal the eager layer's. Only norms already running the fused kernel
+(`kernels.rms_norm`) take part; anything not covered runs the eager add and the module's own norm.
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
+from .common import device_of, usable
 from .dependent_launch import enter, launch_options
-from .fused import (MAX_ROW, _device_of, _rms_norm_launch_config, _usable, is_fused_norm, leave_ahead,
-                    weighted_rms_norm)
+from .rms_norm import MAX_ROW, is_fused_norm, leave_ahead, rms_norm_launch_config, weighted_rms_norm
 
 # The decoder layer forward this module reproduces. ATTENTION stands for a call passing each of the forward's
 # own parameters by name (name=name) and **kwargs: what it passes is then known from the signature alone.
@@ -46,7 +46,7 @@ return hidden_states
 """
 
 
-@triton.jit(do_not_specialize=["n_rows"])   # the token count changes every step (see fused._rms_norm_kernel)
+@triton.jit(do_not_specialize=["n_rows"])   # the token count changes every step (see rms_norm._rms_norm_kernel)
 def _add_rms_norm_kernel(residual, delta, w, total, out, n_rows, n_cols, eps,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
     enter(PDL)
@@ -64,14 +64,14 @@ def _add_rms_norm_kernel(residual, delta, w, total, out, n_rows, n_cols, eps,
 
 
 def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, norm) -> tuple[torch.Tensor, torch.Tensor]:
-    """(residual + delta, norm(residual + delta)), one kernel where `norm` runs engine.fused's RMSNorm and the
+    """(residual + delta, norm(residual + delta)), one kernel where `norm` runs kernels.rms_norm's RMSNorm and the
     tensors are covered; the eager add and the module's own call otherwise."""
     n = residual.shape[-1] if residual.dim() else 0
     weight = getattr(norm, "weight", None)
-    if not (is_fused_norm(norm) and _usable(residual) and delta.dtype == residual.dtype
+    if not (is_fused_norm(norm) and usable(residual) and delta.dtype == residual.dtype
             and delta.shape == residual.shape and delta.device == residual.device and residual.is_contiguous()
             and delta.is_contiguous() and 0 < n <= MAX_ROW and isinstance(weight, torch.Tensor)
-            and _usable(weight) and weight.shape == (n,) and weight.is_contiguous()
+            and usable(weight) and weight.shape == (n,) and weight.is_contiguous()
             and weight.device == residual.device
             and not (torch.is_grad_enabled() and (residual.requires_grad or delta.requires_grad
                                                   or weight.requires_grad))):
@@ -82,8 +82,8 @@ def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, norm) -> tuple[tor
                       device=residual.device)
     m = residual.numel() // n
     if m:
-        block_n, per_prog, num_warps = _rms_norm_launch_config(n)
-        with _device_of(residual):
+        block_n, per_prog, num_warps = rms_norm_launch_config(n)
+        with device_of(residual):
             _add_rms_norm_kernel[(triton.cdiv(m, per_prog),)](
                 residual, delta, weight, total, out, m, n, float(norm.variance_epsilon), BLOCK_N=block_n,
                 ROWS=per_prog, num_warps=num_warps, **launch_options(residual.device))
@@ -92,7 +92,7 @@ def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, norm) -> tuple[tor
 
 def add_norm_ahead(residual: torch.Tensor, delta: torch.Tensor, next_norm) -> torch.Tensor:
     """residual + delta, with `next_norm`'s output on it computed in the same kernel and left on the module for
-    its next call on this very tensor (see engine.fused._fused_rms_norm_forward)."""
+    its next call on this very tensor (see rms_norm._fused_rms_norm_forward)."""
     if not is_fused_norm(next_norm) or _global_forward_hooks or _global_forward_pre_hooks:
         return residual + delta         # a global hook may change the sum before the norm reads it
     total, normed = add_rms_norm(residual, delta, next_norm)
@@ -195,7 +195,7 @@ def _no_inplace_changes(decoder) -> bool:
 
 
 def install_residual_norms(model: torch.nn.Module) -> list[str]:
-    """Give each template decoder layer whose two norms are engine.fused's the fused forward; returns their
+    """Give each template decoder layer whose two norms are kernels.rms_norm's the fused forward; returns their
     module names. Each layer's MLP add computes the norm that follows it: the next layer's input norm, or after
     the last layer of a `layers` list, the decoder's `norm`."""
     installed: list[str] = []

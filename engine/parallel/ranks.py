@@ -1,4 +1,6 @@
-"""The other tensor-parallel ranks: processes the engine starts itself, each running the steps rank 0 plans.
+"""The group of tensor-parallel ranks, as rank 0 (the engine's process) sees it: one interface, `RankGroup`, for
+the runner and the engine, with `OneRank` (tensor parallel size 1: nothing to relay) and `Peers` (ranks 1..N-1 in
+processes the engine starts itself, each running the steps rank 0 plans; their side is engine/peer.py).
 
 Rank 0 (the engine's process) owns the scheduler, the server and telemetry. Ranks 1..N-1 hold their share of the
 model on their own GPU and replay every step rank 0 launches: rank 0 sends each filled IO slot (batch.py's
@@ -13,32 +15,32 @@ for telemetry. Rank 0 asks for the last ones when it goes idle ("flush").
 
 A peer exits when rank 0 closes its pipe or exits: a watchdog thread checks its parent every half second, so
 killing rank 0 (even with SIGKILL, mid-collective) leaves no process holding a GPU. Peers are started as
-`python -m batchscope.engine.peers` (not multiprocessing's spawn, which re-runs the user's main script) and
+`python -m batchscope.engine.peer` (not multiprocessing's spawn, which re-runs the user's main script) and
 connect back over a private socket with a random key.
+
+A peer's GPU spans travel as its anchor's host time and the offsets of its events from that anchor; telemetry maps
+them to host time as it maps rank 0's own (telemetry/clock.py), so there is one clock mapping.
 """
 from __future__ import annotations
 
-import gc
 import os
 import pickle
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections import deque
 from datetime import timedelta
-from multiprocessing.connection import Client, Listener
+from multiprocessing.connection import Listener
 
 import torch
 import torch.distributed as dist
 
-from .batch import fill_from_message, message_slot, message_step, step_message
-from .config import ConfigError, EngineConfig
-from .tensor_parallel import nvls_off_env
+from ..config import ConfigError
 
 STEP, FLUSH, STOP = b"S", b"F", b"Q"
 START_TIMEOUT_S = 1800          # loading a 70B share and the first NCCL start on a fresh machine take minutes
@@ -64,10 +66,54 @@ def init_group(rank: int, size: int, port: int, device: torch.device) -> None:
         raise RuntimeError(f"tensor-parallel start-up: all-reduce gave {probe.item()}, expected {size}")
 
 
-class Peers:
+def nvls_off_env() -> dict[str, str]:
+    """NVLink multicast (NVLS) off in every process: it misbehaves on the shared multi-GPU machines."""
+    return {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+class RankGroup:
+    """The ranks of an engine, as rank 0 calls on them. This base is the group of one (no tensor parallelism):
+    nothing to relay or gather, every method a no-op; `Peers` is the group of several."""
+    size = 1
+    lost: str | None = None
+
+    def join(self, device: torch.device) -> None:
+        """Start-up: the process group (none here)."""
+
+    def agree_blocks(self, num_blocks: int) -> int:
+        """Start-up: the KV blocks every rank can hold."""
+        return num_blocks
+
+    def ready(self) -> list:
+        """Start-up: the other ranks' descriptions, once their runners are built."""
+        return []
+
+    def serve(self) -> None:
+        """Start-up is over."""
+
+    def send_step(self, batch) -> None:
+        """Serving: launch the same step on the other ranks (before rank 0 launches it)."""
+
+    def went_idle(self) -> None:
+        """Serving: rank 0 has no step to run; the others may report their last spans."""
+
+    def take_spans(self) -> list:
+        """Serving: the other ranks' GPU spans reported since the last call."""
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def start_ranks(config) -> RankGroup:
+    """The RankGroup for an EngineConfig: ranks 1..N-1 start loading their shares now, while rank 0 loads its own."""
+    return Peers(config) if config.tensor_parallel_size > 1 else RankGroup()
+
+
+class Peers(RankGroup):
     """Rank 0's side: starts ranks 1..N-1, relays steps to them, gathers their GPU spans."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config):
         for key, value in nvls_off_env().items():
             os.environ.setdefault(key, value)
         self.size = config.tensor_parallel_size
@@ -76,7 +122,7 @@ class Peers:
         key = secrets.token_bytes(16)
         listener = Listener(os.path.join(self._dir, "sock"), family="AF_UNIX", authkey=key)
         env = {**os.environ, "BATCHSCOPE_PEER_KEY": key.hex()}
-        self.procs = [subprocess.Popen([sys.executable, "-m", "batchscope.engine.peers", listener.address,
+        self.procs = [subprocess.Popen([sys.executable, "-m", "batchscope.engine.peer", listener.address,
                                         str(rank), str(self.port), str(os.getpid())], env=env)
                       for rank in range(1, self.size)]
         self.ctrl, self.reports = [None] * (self.size - 1), [None] * (self.size - 1)
@@ -92,7 +138,7 @@ class Peers:
             raise
         finally:
             listener.close()
-        self.spans: deque = deque()         # (rank, step, {phase: (start_ns, end_ns)}) not yet handed over
+        self.spans: deque = deque()         # (rank, step, anchor_ns, {phase: (start, end) ms after it}) not yet taken
         self._pending_flush = False
         self.closed = False
         self.lost: str | None = None        # why a rank is gone while serving: no step can run without it
@@ -120,6 +166,19 @@ class Peers:
     def send(self, *msg) -> None:
         for conn in self.ctrl:
             conn.send(msg)
+
+    def join(self, device: torch.device) -> None:
+        self.expect("joining")
+        init_group(0, self.size, self.port, device)
+
+    def agree_blocks(self, num_blocks: int) -> int:
+        """One block table for all ranks: the smallest cache that fits all."""
+        num_blocks = min([num_blocks, *self.expect("blocks")])
+        self.send("blocks", num_blocks)
+        return num_blocks
+
+    def ready(self) -> list:
+        return self.expect("ready")
 
     def serve(self) -> None:
         """Start-up done: collect span reports in the background from now on."""
@@ -151,7 +210,7 @@ class Peers:
         rather than launch collectives nobody will meet."""
         if self.lost:
             raise RuntimeError(f"{self.lost}: restart the engine")
-        data = STEP + step_message(batch)
+        data = STEP + batch.to_message()
         try:
             for conn in self.ctrl:
                 conn.send_bytes(data)
@@ -160,7 +219,7 @@ class Peers:
             raise RuntimeError(f"{self.lost}: restart the engine") from None
         self._pending_flush = True
 
-    def flush(self) -> None:
+    def went_idle(self) -> None:
         """Rank 0 went idle: the peers report their last steps' spans (they wait for them; rank 0 does not)."""
         if self._pending_flush:
             self._pending_flush = False
@@ -200,7 +259,6 @@ class Peers:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
-        import shutil
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -235,101 +293,3 @@ def _peer_error(rank: int, text: str) -> Exception:
     if last.startswith("batchscope.engine.config.ConfigError: "):
         return ConfigError(f"tensor-parallel rank {rank}: {last.split(': ', 1)[1]}")
     return RuntimeError(f"tensor-parallel rank {rank} failed at start-up: {last}")
-
-
-# -------------------------------------------------------------------------------------------------------------
-# A peer process
-# -------------------------------------------------------------------------------------------------------------
-def _watch_parent(parent_pid: int) -> None:
-    while True:
-        if os.getppid() != parent_pid:
-            os._exit(1)                     # rank 0 is gone: never hold a GPU for nobody
-        time.sleep(0.5)
-
-
-def peer_main(address: str, rank: int, port: int, parent_pid: int) -> None:
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    key = bytes.fromhex(os.environ.pop("BATCHSCOPE_PEER_KEY"))
-    ctrl = Client(address, family="AF_UNIX", authkey=key)
-    ctrl.send((rank, "ctrl"))
-    reports = Client(address, family="AF_UNIX", authkey=key)
-    reports.send((rank, "reports"))
-    config: EngineConfig = pickle.loads(ctrl.recv_bytes())
-    try:
-        from .rank import blocks_that_fit, load_rank, make_runner, rank_device
-
-        device = rank_device(config, rank)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        else:   # the ranks share the CPU's cores
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
-        # said before the rendezvous: rank 0 enters it only once every rank got this far (a rank that fails
-        # earlier, importing or picking its device, is reported instead of leaving rank 0 waiting there)
-        reports.send(("joining", rank))
-        init_group(rank, config.tensor_parallel_size, port, device)
-        rm = load_rank(config, rank)
-        reports.send(("blocks", blocks_that_fit(rm, config)))
-        kind, num_blocks = ctrl.recv()
-        _kv, runner = make_runner(rm, config, num_blocks)
-        reports.send(("ready", {"rank": rank, "device": str(device), "cuda_graphs": runner.use_graphs}))
-        gc.collect()
-        gc.freeze()     # as in Engine: a full collection over start-up's objects would stall this rank's steps
-    except BaseException:
-        reports.send(("error", traceback.format_exc()))
-        os._exit(1)
-    try:
-        with torch.inference_mode(), runner.stream_context():
-            follow(runner, ctrl, reports, rank)
-    except BaseException:
-        try:
-            reports.send(("error", traceback.format_exc()))
-        except OSError:
-            pass
-        os._exit(1)
-    os._exit(0)      # no destroy_process_group: with NCCL it can hang at exit (see Peers.close)
-
-
-def follow(runner, ctrl, reports, rank: int) -> None:
-    """Run every step rank 0 sends, in order, until it stops. A slot's previous step is timed (its events are
-    complete, or waited for: a peer's host has nothing else to do) just before the slot is used again."""
-    pending: dict[int, tuple] = {}          # slot -> (step, launched, host launch span)
-    while True:
-        try:
-            data = ctrl.recv_bytes()
-        except EOFError:
-            return
-        kind, body = data[:1], data[1:]
-        if kind == STOP:
-            return
-        if kind == FLUSH:
-            done = [pending.pop(s) for s in sorted(pending, key=lambda s: pending[s][0])]
-            _report(reports, rank, done)
-            continue
-        slot = runner.slots[message_slot(body)]
-        if slot.index in pending:
-            _report(reports, rank, [pending.pop(slot.index)])
-        runner.wait_slot_free(slot)
-        batch = fill_from_message(body, slot)
-        t0 = time.perf_counter_ns()
-        launched = runner.launch(batch)
-        pending[slot.index] = (message_step(body), launched, (t0, time.perf_counter_ns()))
-
-
-def _report(reports, rank: int, done: list) -> None:
-    spans = []
-    for step, launched, host in done:
-        ev = launched.events
-        if ev is None:              # CPU: the step ran inside launch
-            spans.append((rank, step, {"compute": host}))
-            continue
-        ev.d2h_end.synchronize()
-        anchor, anchor_ns = launched.anchor
-        spans.append((rank, step, {phase: (anchor_ns + anchor.elapsed_time(a) * 1e6,
-                                           anchor_ns + anchor.elapsed_time(b) * 1e6)
-                                   for phase, (a, b) in ev.spans().items()}))
-    if spans:
-        reports.send(("spans", spans))
-
-
-if __name__ == "__main__":
-    peer_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
