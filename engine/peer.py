@@ -50,7 +50,7 @@ def peer_main(address: str, rank: int, port: int, parent_pid: int) -> None:
         reports.send(("blocks", blocks_that_fit(rm, config)))
         kind, num_blocks = ctrl.recv()
         _kv, runner = make_runner(rm, config, num_blocks)
-        reports.send(("ready", {"rank": rank, "device": str(device), "cuda_graphs": runner.use_graphs}))
+        reports.send(("ready", {"rank": rank, "device": str(device), "cuda_graphs": runner.graphs.enabled}))
         gc.collect()
         gc.freeze()     # as in Engine: a full collection over start-up's objects would stall this rank's steps
     except BaseException:

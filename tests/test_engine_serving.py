@@ -216,7 +216,7 @@ def test_two_hundred_random_requests_with_random_switches_finish_exactly_once(qw
             assert out.finish_reason == "cancelled" and cancel
         if out.finish_reason != "eos" and not ignore:
             assert eos not in out.token_ids
-    assert eng.stats()["running"] == 0 and eng.stats()["waiting"] == 0
+    assert eng.stats()["running"] == 0 and eng.stats()["queue"] == 0
     assert eng.stats()["kv_blocks_used"] == 0, "finished requests must give their KV blocks back"
 
 

@@ -10,15 +10,21 @@ import os
 
 import torch
 
-# Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) runs the kernels on CPU tensors.
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEFAULT_NUM_SMS = 132  # H200 / H100 SXM: the interpreter's stand-in
 
 
+@functools.cache
+def interpreted() -> bool:
+    """Whether the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, the CPU tests), on CPU tensors.
+    Read once, when the first kernel module asks: Triton decorates a kernel for the interpreter by the same
+    variable at that module's import, and this module may be imported (for `same_code`) well before."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def usable(t: torch.Tensor) -> bool:
     """Whether a kernel can take `t`: on CUDA (or on the CPU under the interpreter), in a dtype the kernels cover."""
-    return (t.is_cuda or (INTERPRETED and t.device.type == "cpu")) and t.dtype in DTYPES
+    return (t.is_cuda or (interpreted() and t.device.type == "cpu")) and t.dtype in DTYPES
 
 
 def device_of(t: torch.Tensor):

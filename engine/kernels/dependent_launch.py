@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .common import INTERPRETED
+from .common import interpreted
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def enter(PDL: tl.constexpr):
 def supported(device: torch.device) -> bool:
     """The griddepcontrol instructions and the launch attribute exist from compute capability 9.0 (Hopper);
     `BATCHSCOPE_DEPENDENT_LAUNCH=0` turns them off (to measure what they bring)."""
-    if INTERPRETED or device.type != "cuda" or torch.version.hip is not None:
+    if interpreted() or device.type != "cuda" or torch.version.hip is not None:
         return False
     if os.environ.get("BATCHSCOPE_DEPENDENT_LAUNCH", "1") == "0":
         return False

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import DEFAULT_NUM_SMS, INTERPRETED, sm_count
+from .common import DEFAULT_NUM_SMS, interpreted, sm_count
 from .dependent_launch import enter, launch_options
 
 LOG2E = 1.4426950408889634
@@ -328,7 +328,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _dot_f32(dtype: torch.dtype) -> bool:
-    return INTERPRETED and dtype != torch.float32
+    return interpreted() and dtype != torch.float32
 
 
 def _decode_block_n(dtype: torch.dtype, head_dim: int) -> int:

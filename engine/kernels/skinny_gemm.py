@@ -20,14 +20,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, device_of, sm_count, usable
+from .common import device_of, interpreted, sm_count, usable
 from .dependent_launch import enter, launch_options
 
 MAX_ROWS = 32          # at most this many rows take the kernel; more rows leave cuBLAS too little to lose
 BLOCK_N, BLOCK_K = 64, 128
 # fp32 would run on tf32 tensor cores (about 1e-3 relative error): 16-bit weights only. Triton's CPU interpreter
 # runs its dots on fp32 alone, so there the tests check the kernel in fp32.
-_DTYPES = (torch.float32,) if INTERPRETED else (torch.bfloat16, torch.float16)
+_DTYPES = (torch.float32,) if interpreted() else (torch.bfloat16, torch.float16)
 
 
 @triton.jit(do_not_specialize=["m"])
