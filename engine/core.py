@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .profiling import Profiling
 from .request import Request, RequestHandle, TokenDelta
 from .runner import Launched, ModelRunner
 from .scheduler import Scheduler, StepPlan
@@ -54,6 +55,7 @@ class EngineCore:
         self._new_arrivals: list = []
         self._finished: list = []       # (id, reason, prompt, output) since the last trace
         self._held: list = []           # consumed steps whose traces wait for the loop's flush_traces
+        self.profiling = Profiling()     # named ranges while a profiler runs, and the engine's own window
 
     # -- from any thread ----------------------------------------------------------------------------------------
     def submit(self, items: list) -> None:
@@ -120,6 +122,7 @@ class EngineCore:
         """After the last loop returned for good: deliver what is held and cancel whatever never ran, so that no
         caller waits forever."""
         self.flush_traces()
+        self.profiling.close()
         self._drain_inbox()
         for req in list(self.scheduler.running) + list(self.scheduler.queue):
             self._finish(req, "cancelled")
@@ -143,18 +146,23 @@ class EngineCore:
 
     # -- build: schedule + fill ---------------------------------------------------------------------------------
     def build(self, mode: str, in_flight: Step | None = None) -> Step | None:
+        marks = self.profiling
+        marks.before_build()
         t0 = now()
-        self._drain_inbox()
-        plan = self.scheduler.schedule(self.step_counter, in_flight.plan if in_flight else None)
+        with marks.range("schedule"):
+            self._drain_inbox()
+            plan = self.scheduler.schedule(self.step_counter, in_flight.plan if in_flight else None)
         if plan is None:
             return None
+        marks.built(plan.step)
         self.step_counter += 1
         step = Step(plan, mode, built_during_step=in_flight.plan.step if in_flight else None,
                     kv_blocks_used=self.scheduler.allocator.num_used)
         step.arrivals, self._new_arrivals = self._new_arrivals, []
         t1 = now()
         try:
-            step.batch = self.runner.prepare(plan)
+            with marks.range("fill", plan):
+                step.batch = self.runner.prepare(plan)
         except Exception as exc:
             self.fail(step, exc)
             return None
@@ -166,7 +174,8 @@ class EngineCore:
     def launch(self, step: Step) -> None:
         t0 = now()
         try:
-            step.launched = self.runner.launch(step.batch)
+            with self.profiling.range("launch", step.plan, step.mode):
+                step.launched = self.runner.launch(step.batch)
         except Exception as exc:
             self.fail(step, exc)
         step.host["launch"] = (t0, now())
@@ -175,11 +184,14 @@ class EngineCore:
     def consume(self, step: Step) -> None:
         if step.failed:
             return
+        marks = self.profiling
         t0 = now()
         try:
-            tokens = self.runner.wait(step.launched)
+            with marks.range("wait", step.plan):
+                tokens = self.runner.wait(step.launched)
             t1 = now()
-            delivered = self._update(step.plan, tokens)
+            with marks.range("update", step.plan):
+                delivered = self._update(step.plan, tokens)
         except Exception as exc:
             self.fail(step, exc)
             return
@@ -187,6 +199,7 @@ class EngineCore:
         step.host["wait"] = (t0, t1)
         step.host["update"] = (t1, t2)
         self._trace(step, delivered, None)
+        marks.consumed(step.plan.step)
 
     def _update(self, plan: StepPlan, tokens: list[int]):
         delivered = []
@@ -259,7 +272,7 @@ class EngineCore:
 
     def _build_trace(self, step: Step, delivered, finished, error) -> StepTrace:
         plan, la, batch = step.plan, step.launched, step.batch
-        decode = sum(1 for s in plan.seqs if _is_decode(s))
+        decode = sum(1 for s in plan.seqs if s.is_decode)
         return StepTrace(
             step=plan.step, mode=step.mode, slot=plan.step % 2, request_ids=[s.req.id for s in plan.seqs],
             prefill_tokens=plan.num_tokens - decode, decode_tokens=decode, sampled=len(plan.sampled),
@@ -270,8 +283,3 @@ class EngineCore:
             anchor=la.anchor if la is not None else None,
             built_during_step=step.built_during_step,
             arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted, error=error)
-
-
-def _is_decode(seq) -> bool:
-    """A decode computes one token whose id was sampled by the engine (not part of the prompt being prefilled)."""
-    return seq.num_tokens == 1 and seq.start >= len(seq.req.prompt_ids)

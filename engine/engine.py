@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 import random
+import tempfile
 import threading
 import time
 import traceback
@@ -18,6 +20,7 @@ from .kv_cache import BlockAllocator
 from .loop import LOOPS
 from .model.loading import preflight, weight_bytes
 from .parallel.ranks import start_ranks
+from .profiling import ProfileCapture
 from .request import IncrementalDetokenizer, Request, RequestHandle, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -134,6 +137,17 @@ class Engine:
 
     def cancel(self, request_id: str) -> None:
         self._core.cancel(request_id)
+
+    def profile(self, steps: int, path: str | None = None) -> ProfileCapture:
+        """Run torch.profiler over the next `steps` steps, on the engine thread (profiling.py); the trace (Chrome
+        trace JSON, gzipped) goes to `path`. One window at a time: ValueError for a bad count, RuntimeError while
+        one is open. Follow the returned capture's `state`, or `wait()` for it."""
+        if path is None:
+            folder = os.path.join(tempfile.gettempdir(), "batchscope-profiles")
+            path = os.path.join(folder, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.pt.trace.json.gz")
+        capture = self._core.profiling.request(steps, path)
+        self._core.wakeup.set()
+        return capture
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:

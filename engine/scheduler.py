@@ -22,6 +22,11 @@ class ScheduledSeq:
     sample: bool            # the step samples this request's next token
     carry_row: int = -1     # >= 0: the single input token is row `carry_row` of the previous step's output
 
+    @property
+    def is_decode(self) -> bool:
+        """One token whose id the engine sampled (not part of the prompt being prefilled)."""
+        return self.num_tokens == 1 and self.start >= len(self.req.prompt_ids)
+
 
 @dataclass
 class StepPlan:

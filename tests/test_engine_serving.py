@@ -131,10 +131,14 @@ def test_bad_requests_fail_alone_and_engine_keeps_serving(engine, prompt, params
     assert engine.generate(["still here"], SamplingParams(max_new_tokens=3))[0].finish_reason in ("length", "eos")
 
 
-def test_set_mode_rejects_unknown(engine):
-    with pytest.raises(ConfigError):
-        engine.set_mode("turbo")
-    assert engine.mode in ("sync", "async")
+def test_set_mode_rejects_unknown_and_keeps_the_mode_it_had(engine):
+    for mode in ("sync", "async"):
+        engine.set_mode(mode)
+        with pytest.raises(ConfigError, match="turbo"):
+            engine.set_mode("turbo")
+        assert engine.mode == mode
+        out = engine.generate([[4, 5, 6]], SamplingParams(max_new_tokens=3, ignore_eos=True))[0]
+        assert out.finish_reason == "length" and len(out.token_ids) == 3
 
 
 def test_exception_in_a_step_fails_only_that_steps_requests(engine, monkeypatch):
