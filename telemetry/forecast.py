@@ -122,51 +122,53 @@ def _forecast_run(run: list[dict]) -> tuple[dict, list, list] | None:
     return stats, measured, forecast
 
 
-def forecast_async(steps) -> dict:
-    """The forecast over every sync stretch of a timeline's steps, pooled, beside the measured async ms/step of
-    the async stretches next to them (the measured figure, when the recording has one).
+def _empty(reason: str | None = None) -> dict:
+    return {"applicable": False, "reason": reason, "stretches": [], "steps": 0, "measured_ms_per_step": None,
+            "forecast_ms_per_step": None, "speedup": None, "measured_async_ms_per_step": None,
+            "forecast_error_pct": None}
 
-    {"applicable", "reason", "stretches": [...], "steps", "measured_ms_per_step", "forecast_ms_per_step",
-     "speedup", "measured_async_ms_per_step", "forecast_error_pct"}; `forecast_error_pct` is
-    100 * (forecast p50 - measured async p50) / measured async p50."""
-    steps = list(steps)
-    out = {"applicable": False, "reason": None, "stretches": [], "steps": 0, "measured_ms_per_step": None,
-           "forecast_ms_per_step": None, "speedup": None, "measured_async_ms_per_step": None,
-           "forecast_error_pct": None}
-    syncs = stretches(steps, "sync")
-    if not syncs:
-        out["reason"] = "no sync steps to forecast from"
-        return out
-    if not any(_device_compute(r) for run in syncs for r in run):
-        out["reason"] = ("compute runs on the host here (no device events): the host cannot build the next step "
-                         "while it computes this one, so async has nothing to hide")
-        return out
-    runs = stretches(steps)
-    measured, forecast, neighbours = [], [], []
-    for k, run in enumerate(runs):
-        if run[0]["mode"] != "sync":
-            continue
+
+def forecast_runs(sync_runs, async_runs) -> dict:
+    """The forecast over some sync stretches, pooled, beside the measured async ms/step of some async stretches
+    (the scoreboard's: each mode's stretches it covers). Fields as forecast_async's."""
+    if not sync_runs:
+        return _empty("no sync steps to forecast from")
+    if not any(_device_compute(r) for run in sync_runs for r in run):
+        return _empty("compute runs on the host here (no device events): the host cannot build the next step "
+                      "while it computes this one, so async has nothing to hide")
+    out = _empty()
+    measured, forecast = [], []
+    for run in sync_runs:
         done = _forecast_run(run)
-        if done is None:
-            continue
-        stats, m, f = done
-        measured += m
-        forecast += f
-        # the async stretches on either side: the closest measurement of the same load in the other loop
-        for j in (k - 1, k + 1):
-            if 0 <= j < len(runs) and runs[j][0]["mode"] == "async" and j not in neighbours:
-                neighbours.append(j)
-        out["stretches"].append(stats)
+        if done is not None:
+            stats, m, f = done
+            measured += m
+            forecast += f
+            out["stretches"].append(stats)
     if not out["stretches"]:
         out["reason"] = "no sync stretch has three steps with device compute"
         return out
     m, f = percentiles(measured), percentiles(forecast)
     out.update(applicable=True, steps=sum(s["steps"] for s in out["stretches"]), measured_ms_per_step=m,
                forecast_ms_per_step=f, speedup=round(m["mean"] / f["mean"], 4) if f["mean"] else None)
-    # a recording of one mode per file has no neighbour: then any async stretch it has (none, usually)
-    near = [runs[j] for j in neighbours] or stretches(steps, "async")
-    a = percentiles(p for run in near for _, p in run_periods(run))
+    a = percentiles(p for run in async_runs for _, p in run_periods(run))
     if a["n"]:
         out["measured_async_ms_per_step"] = a
         out["forecast_error_pct"] = round(100.0 * (f["p50"] - a["p50"]) / a["p50"], 2)
     return out
+
+
+def forecast_async(steps) -> dict:
+    """The forecast over every sync stretch of a timeline's steps, pooled, beside the measured async ms/step of
+    the async stretches next to them (the closest measurement of the same load in the other loop; a recording of
+    one mode per file has no neighbour: then any async stretch it has).
+
+    {"applicable", "reason", "stretches": [...], "steps", "measured_ms_per_step", "forecast_ms_per_step",
+     "speedup", "measured_async_ms_per_step", "forecast_error_pct"}; `forecast_error_pct` is
+    100 * (forecast p50 - measured async p50) / measured async p50."""
+    runs = stretches(list(steps))
+    syncs = [k for k, run in enumerate(runs) if run[0]["mode"] == "sync"]
+    near = sorted({j for k in syncs if step_costs(runs[k])[2:] for j in (k - 1, k + 1)
+                   if 0 <= j < len(runs) and runs[j][0]["mode"] == "async"})
+    async_runs = [runs[j] for j in near] or [r for r in runs if r[0]["mode"] == "async"]
+    return forecast_runs([runs[k] for k in syncs], async_runs)

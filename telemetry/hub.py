@@ -2,8 +2,8 @@
 
 Producers (the engine thread, the sampler thread) only `publish`: one deque append, never a lock held on a
 subscriber, never a wait. A flusher thread wakes ~20 times a second, drains what was published, builds one frame
-(a short list of messages: "mode", "steps", "rank_steps", "requests", "nvml", every few frames "stats"), encodes its JSON once
-and offers it to every subscriber. An idle engine (no step, request or mode record for `idle_s`) makes one frame
+(a short list of messages: "mode", "steps", "rank_steps", "requests", "nvml", every few frames "stats", at most
+once a second after new steps "board", the scoreboard), encodes its JSON once and offers it to every subscriber. An idle engine (no step, request or mode record for `idle_s`) makes one frame
 a second instead, the sampler's records of that second held back and gathered into it, with the stats: an idle
 page wakes twice a second for its feed, not 24 times. The first record of new work goes out at the next flush.
 A subscriber whose queue is full loses its oldest frame; its next `get` starts with a {"type": "dropped"} notice
@@ -24,6 +24,7 @@ MAX_SUBSCRIBERS = 64                    # live viewers at once; each costs a que
 MAX_QUEUE_FRAMES = 256                  # per viewer: ~13 s of frames at 20 frames/s
 MAX_QUEUE_BYTES = 8 << 20               # per viewer: frames are shared, but a stalled viewer pins what it holds
 IDLE_S = 1.0                            # an engine quiet this long is idle: one frame per IDLE_S, not per flush
+BOARD_S = 1.0                           # the scoreboard goes out at most this often, and only after new steps
 
 
 class SubscriptionClosed(Exception):
@@ -157,7 +158,8 @@ class Subscription:
 class Hub:
     def __init__(self, stats: Callable[[], dict] | None = None, hz: float = 20.0, max_pending: int = 20_000,
                  stats_every: int = 5, start: bool = True, max_subscribers: int = MAX_SUBSCRIBERS,
-                 max_queue_bytes: int = MAX_QUEUE_BYTES, idle_s: float = IDLE_S):
+                 max_queue_bytes: int = MAX_QUEUE_BYTES, idle_s: float = IDLE_S,
+                 board: Callable[[], dict] | None = None, board_s: float = BOARD_S):
         self.period = 1.0 / hz
         self.idle_s = max(float(idle_s), self.period)
         self._active_until = -float("inf")  # monotonic time until which frames go out at every flush
@@ -169,6 +171,10 @@ class Hub:
         self.dropped_frames_closed = 0  # frames lost by viewers that have left
         self._stats = stats
         self.stats_every = max(1, stats_every)
+        self._board = board
+        self.board_s = board_s
+        self._board_due = -float("inf")     # monotonic time of the next "board" message
+        self._board_dirty = True            # steps or a switch arrived since the last one
         self._pending: deque = deque(maxlen=max_pending)
         self.pending_overflow = 0
         self._subs: list[Subscription] = []
@@ -262,6 +268,13 @@ class Hub:
                     messages.append({"type": "stats", **self._stats()})
                 except Exception as exc:
                     messages.append({"type": "stats", "error": str(exc)})
+            self._board_dirty = self._board_dirty or any(kind in ("step", "mode") for kind, _ in items)
+            if self._board is not None and self._board_dirty and now >= self._board_due:
+                self._board_due, self._board_dirty = now + self.board_s, False
+                try:
+                    messages.append({"type": "board", **self._board()})
+                except Exception as exc:
+                    messages.append({"type": "board", "error": f"{type(exc).__name__}: {exc}"})
             if not messages:
                 return None
             frame = Frame(messages)

@@ -19,13 +19,15 @@ from .nvml import BUSY_NOTE, Sampler, unix_origin_ns
 from .perfetto import to_perfetto
 from .recorder import MAX_RECORDING_BYTES, MAX_RECORDING_STEPS, MAX_RECORDINGS, MAX_RECORDINGS_BYTES, Recorder
 from .records import SCHEMA_ID, span_end, span_start
-from .summary import compare, summarize, union_length
+from .figures import board, recent
+from .summary import compare, summarize
 
 
 @dataclasses.dataclass
 class LiveStats:
     """The body of the websocket's "stats" messages (docs/timeline.md): the engine's counters under the names
-    /api/status uses too, and the last second's rates."""
+    /api/status uses too, and the rates of the newest completed work (figures.recent: its window ends at the
+    newest completed step while requests run, so the step in flight never empties it)."""
     t_us: float
     mode: str | None
     queue: int | None                   # requests waiting for admission
@@ -34,9 +36,10 @@ class LiveStats:
     kv_blocks_used: int | None
     kv_blocks_total: int | None
     kv_usage: float | None              # kv_blocks_used / kv_blocks_total, 0-1
-    steps_per_s: int
-    tokens_per_s: int
-    busy_pct_1s: float                  # event-based busy share over the last second
+    steps_per_s: float | None
+    tokens_per_s: float | None
+    busy_pct_1s: float | None           # event-based busy share over that window (None: no step completed yet)
+    window_s: float | None              # how much completed work the rates cover (up to figures.RECENT_US)
     subscribers: int
     error: str | None = None            # the engine could not be asked for its counters
 
@@ -57,7 +60,7 @@ class Telemetry:
         self.last_observer_error: str | None = None
         self._closed = False
 
-        self.hub = Hub(stats=self._live_stats, hz=hub_hz, max_pending=hub_max_pending, max_subscribers=max_subscribers)
+        self.hub = Hub(stats=self._live_stats, board=self.live_board, hz=hub_hz, max_pending=hub_max_pending, max_subscribers=max_subscribers)
         self.collector = CollectorPauses()
         self.recorder = Recorder(self.origin_ns, ring_steps=ring_steps, ring_requests=ring_requests,
                                  ring_nvml=int(max(nvml_hz, 1.0) * 600), publish=self.hub.publish,
@@ -155,14 +158,20 @@ class Telemetry:
             stats = self.engine.stats()
         except Exception as exc:
             stats, error = {}, str(exc)
-        recent = [r for r in list(self.recorder.steps)[-2000:] if (r.get("compute_us") or [-1])[0] >= now - 1e6]
-        busy = union_length([r["compute_us"] for r in recent], now - 1e6, now)
+        fig = recent(list(self.recorder.steps)[-2000:], now, stats.get("running"))
+        width = fig["window_us"]
         return dataclasses.asdict(LiveStats(
             t_us=now, mode=stats.get("mode", self._mode()), queue=stats.get("queue"), running=stats.get("running"),
             steps=stats.get("steps"), kv_blocks_used=stats.get("kv_blocks_used"),
-            kv_blocks_total=stats.get("kv_blocks_total"), kv_usage=stats.get("kv_usage"), steps_per_s=len(recent),
-            tokens_per_s=sum(r.get("tokens_out", 0) for r in recent), busy_pct_1s=round(busy / 1e4, 2),
-            subscribers=self.hub.subscribers, error=error))
+            kv_blocks_total=stats.get("kv_blocks_total"), kv_usage=stats.get("kv_usage"),
+            steps_per_s=round(fig["window_steps"] / (width / 1e6), 2) if width else None,
+            tokens_per_s=fig["tokens_per_s"], busy_pct_1s=fig["busy_pct"],
+            window_s=round(width / 1e6, 3) if width else None, subscribers=self.hub.subscribers, error=error))
+
+    def live_board(self) -> dict:
+        """The scoreboard over the live ring (figures.board): each mode's newest stretch, warm-up left out."""
+        # a copy first: the engine thread appends to the ring while this runs on the hub's
+        return board(list(self.recorder.steps), live=True, nvml=list(self.recorder.nvml)[-2000:])
 
     # ---- recordings, summaries, export -----------------------------------------------------------------------
     def start_recording(self, name: str) -> dict:

@@ -1,5 +1,6 @@
-"""Stretches of steps and the arithmetic both the summary and the forecast build on: runs of consecutive steps of
-one mode, the period of each step in a run (pauses in the load left out), and percentiles."""
+"""Stretches of steps and the arithmetic the figures, the summary and the forecast build on: runs of consecutive
+steps of one mode, the period of each step in a run (pauses in the load left out), percentiles, and the length a
+set of spans covers."""
 from __future__ import annotations
 
 import statistics
@@ -39,3 +40,20 @@ def run_periods(run: list[dict]) -> list[tuple[dict, float]]:
     any empty-queue gap before that next step (what "ms/step" means in a benchmark, pauses in the load left out)."""
     return [(a, (b["compute_us"][0] - a["compute_us"][0] - empty_queue_us(b)) / 1000.0)
             for a, b in zip(run, run[1:]) if a.get("compute_us") and b.get("compute_us")]
+
+
+def union_length(intervals, lo: float, hi: float) -> float:
+    """Total length covered by the intervals, clipped to [lo, hi]."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
+        if e <= s:
+            continue
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total

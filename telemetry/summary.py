@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from .forecast import forecast_async
 from .records import span_end, span_start
-from .stretches import empty_queue_us, percentiles, run_periods, stretches
+from .figures import board, stretch_figures
+from .stretches import percentiles, stretches, union_length
 
 
 def request_metrics(req: dict) -> dict:
@@ -32,23 +33,6 @@ def request_metrics(req: dict) -> dict:
     e2e = (finish - arrival) * ms if finish is not None and arrival is not None else None
     itl = [(b - a) * ms for a, b in zip(times, times[1:])]
     return {"ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "itl_ms": itl}
-
-
-def union_length(intervals, lo: float, hi: float) -> float:
-    """Total length covered by the intervals, clipped to [lo, hi]."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
-        if e <= s:
-            continue
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 def _step_time(rec: dict) -> float | None:
@@ -79,71 +63,11 @@ def summarize(steps, requests=(), nvml=(), info: dict | None = None, bandwidth_g
     summary.update(_nvml_summary(nvml, w0, w1))
     summary.update(floor(steps, info or {}, bandwidth_gbps, summary["decode_ms_p50"]))
     summary["per_mode"] = per_mode(steps, nvml)
+    summary["board"] = board(steps, live=False, nvml=nvml)
     if rank_steps:
         summary["ranks"] = per_rank(steps, rank_steps, nvml, w0, w1)
     summary["async_forecast"] = forecast_async(steps)
     return summary
-
-
-def _tokens(rec: dict) -> int:
-    tok = rec.get("tokens_out")
-    return tok if tok is not None else rec.get("decode_tokens", 0)
-
-
-def stretch_figures(runs, nvml=()) -> dict:
-    """One mode's figures over its stretches (each a list of consecutive steps of that mode):
-    busy % and tokens/s over the working time; decode tokens/s, the tokens of steps without prefill over their
-    own periods (steady decoding, whatever the arrivals did); ms/step (run_periods, p50 as `ms_per_step`);
-    GPU idle per step (the gap before each step but a stretch's first, whose gap spans the switch; empty-queue
-    parts excluded) split by cause, and NVML (or host CPU) means over the stretches' windows."""
-    work_us = busy_us = decode_ms = 0.0
-    periods, idle, windows, steps = [], [], [], 0
-    by_cause: dict[str, float] = {}
-    tokens = decode_tok = 0
-    for run in runs:
-        spans = [r["compute_us"] for r in run if r.get("compute_us")]
-        steps += len(run)
-        tokens += sum(_tokens(r) for r in run)
-        if not spans:
-            continue
-        lo, hi = spans[0][0], max(c[1] for c in spans)
-        windows.append((lo, hi))
-        work_us += max(0.0, hi - lo - sum(empty_queue_us(r) for r in run[1:]))
-        busy_us += union_length(spans, lo, hi)
-        for rec, ms in run_periods(run):
-            periods.append(ms)
-            if rec["prefill_tokens"] == 0:
-                decode_ms += ms
-                decode_tok += _tokens(rec)
-        for r in run[1:]:
-            if r.get("gpu_idle_before_us") is None:
-                continue
-            idle.append(max(0.0, r["gpu_idle_before_us"] - empty_queue_us(r)))
-            for cause, us in (r.get("idle_by_cause_us") or {}).items():
-                if cause != "empty_queue":
-                    by_cause[cause] = by_cause.get(cause, 0.0) + us
-    samples = [x for x in nvml if any(lo <= x["t_us"] <= hi for lo, hi in windows)]
-
-    def mean(key):
-        vals = [x[key] for x in samples if x.get(key) is not None]
-        return round(sum(vals) / len(vals), 2) if vals else None
-
-    bases = sorted({r.get("compute_basis") for run in runs for r in run if r.get("compute_us")})
-    ms = percentiles(periods)
-    return {
-        "steps": steps, "stretches": len(runs),
-        "first_step": runs[0][0]["step"] if runs else None, "last_step": runs[-1][-1]["step"] if runs else None,
-        "work_s": round(work_us / 1e6, 6),
-        "busy_pct": round(100.0 * busy_us / work_us, 2) if work_us else None,
-        "busy_basis": bases[0] if len(bases) == 1 else ("mixed" if bases else None),
-        "tokens_out": tokens,
-        "tokens_per_s": round(tokens / (work_us / 1e6), 2) if work_us else None,
-        "decode_tokens_per_s": round(decode_tok / (decode_ms / 1e3), 2) if decode_ms else None,
-        "ms_per_step": ms["p50"], "step_ms": ms,
-        "idle_us_per_step": round(sum(idle) / len(idle), 1) if idle else None,
-        "idle_us_by_cause": {k: round(v, 1) for k, v in sorted(by_cause.items(), key=lambda kv: -kv[1])},
-        "gpu_util_mean": mean("gpu_util"), "cpu_pct_mean": mean("cpu_pct"),
-    }
 
 
 def per_mode(steps, nvml=()) -> dict:

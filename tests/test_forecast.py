@@ -12,7 +12,7 @@ import pytest
 
 from batchscope.telemetry import Telemetry, summarize
 from batchscope.telemetry.forecast import forecast_async, forecast_stretch, simulate, step_costs
-from batchscope.telemetry.summary import percentiles, run_periods, stretches
+from batchscope.telemetry.stretches import percentiles, run_periods, stretches
 from synthetic import SyntheticEngine
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,10 +34,14 @@ def test_a_viewer_gets_steps_requests_mode_and_stats():
                 by_type.setdefault(msg["type"], []).append(msg)
             steps = [s for m in by_type.get("steps", []) for s in m["steps"]]
             finished = [r for m in by_type.get("requests", []) for r in m["requests"] if r["state"] == "finished"]
-            if len(steps) == eng.step_no and len(finished) == 3 and "mode" in by_type and "stats" in by_type:
+            if (len(steps) == eng.step_no and len(finished) == 3 and "mode" in by_type and "stats" in by_type
+                    and "board" in by_type):
                 break
         worker.join()
-        assert set(by_type) <= {"steps", "requests", "nvml", "mode", "stats"}
+        assert set(by_type) <= {"steps", "requests", "nvml", "mode", "stats", "board"}
+        board = by_type["board"][-1]
+        assert board["scope"] == "live" and set(board["modes"]) == {"sync", "async"}
+        assert board["compare"]["verdict"] == "not enough steps"        # a handful of steps prove nothing
         assert [s["step"] for s in steps] == list(range(eng.step_no))
         (mode,) = by_type["mode"]
         assert set(mode) == {"type", "t_us", "step", "from", "to"}

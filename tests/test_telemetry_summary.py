@@ -6,7 +6,7 @@ import gc
 import pytest
 
 from batchscope.telemetry import Telemetry, compare, percentiles, request_metrics, summarize
-from batchscope.telemetry.summary import stretches, union_length
+from batchscope.telemetry.stretches import stretches, union_length
 from synthetic import SyntheticEngine
 
 
