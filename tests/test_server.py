@@ -333,7 +333,7 @@ def wait_idle(state, timeout=10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         s = state.engine.stats()
-        if s["running"] == 0 and s["waiting"] == 0:
+        if s["running"] == 0 and s["queue"] == 0:
             return True
         time.sleep(0.02)
     return False

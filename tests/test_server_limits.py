@@ -357,7 +357,7 @@ class FakeEngine:
         self.handles = []
 
     def stats(self):
-        return {"waiting": 0, "running": 0}
+        return {"queue": 0, "running": 0}
 
     def submit(self, ids, params):
         self.handles.append(FakeHandle())
