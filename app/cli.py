@@ -79,7 +79,7 @@ def _server_args(p: argparse.ArgumentParser) -> None:
 
 
 def _limit_args(p: argparse.ArgumentParser) -> None:
-    from .schemas import Limits
+    from .loadtest.specs import Limits
 
     d = Limits()
     p.add_argument("--max-prompt-tokens", type=positive_int, default=d.max_prompt_tokens)
@@ -98,9 +98,9 @@ def _say(msg: str) -> None:
 def cmd_serve(args) -> int:
     from batchscope.engine.config import EngineConfig
 
-    from .schemas import Limits
+    from .loadtest.specs import Limits
     from .server import check_bind
-    from .state import AppState
+    from .server.state import AppState
 
     try:
         check_bind(args.host, args.token)
@@ -129,7 +129,7 @@ def cmd_replay(args) -> int:
     from batchscope.telemetry import TimelineError
 
     from .server import check_bind
-    from .state import AppState
+    from .server.state import AppState
 
     try:
         check_bind(args.host, args.token)

@@ -22,7 +22,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402  (the environment variable must be set before the import)
 
-from .schemas import Limits  # noqa: E402
+from batchscope.app.loadtest.specs import Limits  # noqa: E402
 from .ui_html import gen_info_html, header_html, replay_html, scope_html  # noqa: E402
 from .ui_load import error_html  # noqa: E402
 from .ui_runs import AB, FIRE, START_LOAD, wire_load_test  # noqa: E402

@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 from typing import Any, Callable
 
-from .schemas import ABStatus, BurstResults, LoadStatus
+from batchscope.app.loadtest.statuses import ABStatus, BurstResults, LoadStatus
 from .ui_html import _num, progress_html, results_html
 
 SAME_WITHIN = 0.02          # ratios within 2% of 1 read "about the same": run-to-run noise, not a verdict

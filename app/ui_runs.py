@@ -8,8 +8,8 @@ import time
 import gradio as gr
 from pydantic import ValidationError
 
-from .errors import validation_reason
-from .schemas import BurstSpec, LoadSpec
+from batchscope.app.loadtest.refusals import validation_reason
+from batchscope.app.loadtest.specs import BurstSpec, LoadSpec
 from .ui_html import progress_html, results_html
 from .ui_load import ab_compare_html, ab_progress_html, error_html, load_html
 

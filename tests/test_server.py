@@ -8,9 +8,9 @@ import jsonschema
 import pytest
 
 from batchscope.app.cli import main as cli_main
-from batchscope.app.schemas import Limits
+from batchscope.app.loadtest.specs import Limits
 from batchscope.app.server import ServerThread, check_bind, create_app
-from batchscope.app.state import AppState
+from batchscope.app.server.state import AppState
 from batchscope.engine.config import EngineConfig
 from batchscope.telemetry import SCHEMA, SCHEMA_ID, validate_timeline
 

@@ -2,7 +2,7 @@
 continuous loads that run until stopped (or until their bounds).
 
 Requests are submitted and streamed from one asyncio loop on the run's own thread, and timed there
-(app/loadgen.py plans the requests and computes the metrics). Mode switches made through the server go through
+(plans.py draws the requests, sender.py sends and times them, metrics.py adds them up). Mode switches made through the server go through
 `BurstManager.set_mode`, which refuses them while an A/B runs: each half must run in one mode.
 """
 from __future__ import annotations
@@ -14,11 +14,13 @@ import uuid
 
 from batchscope.engine.config import SamplingParams
 
-from .errors import BusyError
-from .loadgen import PlannedRequest, RequestTiming, burst_metrics, plan_burst
-from .sending import Sender, sleep_until
-from .runs import ABRun, Burst, LoadRun, ModeLocked
-from .schemas import ABStatus, BurstList, BurstResults, BurstSpec, BurstStatus, Limits, LoadSpec, LoadStatus, Mode
+from .metrics import RequestTiming, burst_metrics
+from .plans import PlannedRequest, plan_burst
+from .refusals import BusyError, ModeLocked
+from .runs import ABRun, Burst, LoadRun
+from .sender import Sender, sleep_until
+from .specs import BurstSpec, Limits, LoadSpec, Mode
+from .statuses import ABStatus, BurstList, BurstResults, BurstStatus, LoadStatus
 
 __all__ = ["BurstManager", "ModeLocked"]
 

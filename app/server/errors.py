@@ -1,8 +1,9 @@
 """What can go wrong in a request, and how each failure becomes a 4xx or 5xx with a JSON reason:
 {"error": "..."} on /api, OpenAI's {"error": {"message": ...}} on /v1.
 
-AppState and the load generator raise these; the handlers below map them by type (Starlette looks a handler up
-along each exception's MRO, so the order they are added in does not matter).
+AppState raises the ones defined here; BusyError (429) and `validation_reason` come from app/loadtest/refusals.py,
+since the load tests raise and the page shows them too. The handlers below map them by type (Starlette looks a
+handler up along each exception's MRO, so the order they are added in does not matter).
 """
 from __future__ import annotations
 
@@ -13,13 +14,9 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import HTTPConnection
 
+from batchscope.app.loadtest.refusals import BusyError, validation_reason
 from batchscope.engine.config import EngineUnavailable
 from batchscope.telemetry import TimelineError
-
-
-class BusyError(ValueError):
-    """The request is fine but the server is at capacity right now (too many bursts, a deep queue): retry later
-    (429). An input over a configured cap is a plain ValueError (400)."""
 
 
 class NotFoundError(KeyError):
@@ -53,23 +50,6 @@ def error_response(request: HTTPConnection, status: int, reason: str) -> JSONRes
     else:
         body = {"error": reason}
     return JSONResponse(body, status_code=status)
-
-
-def validation_reason(exc: RequestValidationError | ValidationError) -> str:
-    """One line that names each bad field and why: for the API's 400s and for the page's load-test panel."""
-    parts = []
-    for err in exc.errors():
-        if err.get("type") == "json_invalid":
-            return f"body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}"
-        if err.get("type") == "model_attributes_type" and tuple(err.get("loc", ())) == ("body",):
-            return "the body must be a JSON object (sent as Content-Type: application/json)"
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-        if err.get("type") == "literal_error":
-            parts.append(f"{loc} must be {err['ctx']['expected']}, got {err.get('input')!r}")
-            continue
-        msg = str(err.get("msg")).removeprefix("Value error, ")      # our own validators' reasons read plainly
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts) or "invalid request"
 
 
 def install_error_handlers(app: FastAPI) -> None:

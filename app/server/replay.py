@@ -1,5 +1,5 @@
 """Timelines that come in from outside (an upload, a file, `batchscope replay FILE`): bounded, depth-checked and
-validated before anything keeps them. The JSON depth check guards every other body too (app/middleware.py)."""
+validated before anything keeps them. The JSON depth check guards every other body too (middleware.py)."""
 from __future__ import annotations
 
 import itertools

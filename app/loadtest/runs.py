@@ -1,5 +1,5 @@
 """What a load-test run is while it goes on and after: a burst, an A/B comparison, a continuous load. Each
-keeps its own progress and reports it as its typed status (app/schemas.py); app/bursts.py runs them.
+keeps its own progress and reports it as its typed status (statuses.py); manager.py runs them.
 """
 from __future__ import annotations
 
@@ -7,15 +7,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .loadgen import LoadTally
-from .schemas import (ABStatus, BurstResults, BurstSpec, BurstStatus, LoadRecent, LoadSpec, LoadStatus, Mode,
-                      ModeChangeNote, RunState)
+from .metrics import LoadTally
+from .specs import BurstSpec, LoadSpec, Mode
+from .statuses import ABStatus, BurstResults, BurstStatus, LoadRecent, LoadStatus, ModeChangeNote, RunState
 
 LOAD_RECENT_S = 10.0                # a load's "recent" figures cover this many seconds
-
-
-class ModeLocked(RuntimeError):
-    """A mode switch asked for while an A/B runs (409): it would spoil the comparison."""
 
 
 class InFlight:

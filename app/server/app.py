@@ -1,11 +1,11 @@
 """The batchscope server: one FastAPI app on one port, put together from one router per concern.
 
-    /api/...            routes_control (health, status, mode, generate), routes_load (bursts, A/B),
-                        routes_timeline (timelines, recordings, replay)
-    /v1/...             routes_openai: OpenAI-compatible completions and chat completions (SSE when streaming)
-    /ws/telemetry       routes_ws: live steps, NVML samples, requests, mode changes and stats
+    /api/...            routes/control.py (health, status, mode, generate), routes/load.py (bursts, A/B,
+                        continuous loads), routes/timeline.py (timelines, recordings, replay)
+    /v1/...             routes/openai.py: OpenAI-compatible completions and chat completions (SSE when streaming)
+    /ws/telemetry       routes/ws.py: live steps, NVML samples, requests, mode changes and stats
     /batchscope-static/ assets/ and plotly.min.js from the installed plotly package (no network at page load)
-    /                   the Gradio UI, mounted last so that it never shadows the routes above
+    /                   the Gradio UI (app/ui), mounted last so that it never shadows the routes above
 
 Errors become JSON reasons (errors.py); bodies are bounded before any route reads them (middleware.py).
 This module builds the app (`create_app`) and serves it (`check_bind`, `uvicorn_config`, `ServerThread`).
@@ -27,10 +27,10 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
-from . import routes_control, routes_load, routes_openai, routes_timeline, routes_ws
 from .errors import install_error_handlers
 from .middleware import MAX_BODY_BYTES, BodyLimit, TokenAuth
 from .replay import MAX_REPLAY_BYTES
+from .routes import ROUTERS
 from .state import AppState
 
 __all__ = ["create_app", "mount_ui", "check_bind", "uvicorn_config", "ServerThread", "MAX_BODY_BYTES",
@@ -39,8 +39,6 @@ __all__ = ["create_app", "mount_ui", "check_bind", "uvicorn_config", "ServerThre
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")   # before mount_ui imports gradio
 
 ASSETS_DIR = Path(str(resources.files("batchscope.assets")))   # package data, wherever it was installed
-ROUTERS = (routes_control.router, routes_load.router, routes_timeline.router, routes_openai.router,
-           routes_ws.router)
 
 
 def create_app(state: AppState, token: str | None = None, ui: bool = True, close_state: bool = False) -> FastAPI:
@@ -92,7 +90,7 @@ def mount_static(app: FastAPI) -> None:
 def mount_ui(app: FastAPI, state: AppState) -> None:
     import gradio as gr
 
-    from . import ui
+    from batchscope.app import ui
 
     gr.mount_gradio_app(app, ui.build_ui(state), path="/", head=ui.HEAD, css=ui.CSS, theme=ui.THEME, ssr_mode=False)
 

@@ -9,10 +9,10 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from .deps import State
-from .errors import EngineFailure
-from .state import AppState
-from .streaming import final_outputs, sse_stream
+from ..deps import State
+from ..errors import EngineFailure
+from ..state import AppState
+from ..streaming import final_outputs, sse_stream
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

@@ -1,6 +1,6 @@
 """Sending a run's requests to the engine and timing them as they stream back: one request of any run (burst,
 A/B half, continuous load), and a continuous load's whole life (rate or concurrency, its bounds, its give-up rule).
-BurstManager (bursts.py) owns the runs; this is how their requests travel."""
+BurstManager (manager.py) owns the runs; this is how their requests travel."""
 from __future__ import annotations
 
 import asyncio
@@ -8,9 +8,11 @@ import time
 
 from batchscope.engine.config import SamplingParams
 
-from .loadgen import PlannedRequest, RequestTiming, request_stream
+from .metrics import RequestTiming
+from .plans import PlannedRequest, request_stream
 from .runs import Burst, InFlight, LoadRun
-from .schemas import BurstResults, Limits
+from .specs import Limits
+from .statuses import BurstResults
 
 CANCEL_POLL_S = 0.05                # how often a request waiting for its arrival time looks for a cancel
 LOAD_GIVE_UP_AFTER = 16             # a load whose first this-many requests all fail stops: it would only spin

@@ -5,9 +5,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from .deps import State
-from .errors import NotFoundError
-from .schemas import RecordingBody, Recordings, RecordingStarted, RecordingStopped, ReplayLoaded
+from ..deps import State
+from ..errors import NotFoundError
+from ..schemas import RecordingBody, Recordings, RecordingStarted, RecordingStopped, ReplayLoaded
 
 router = APIRouter(prefix="/api", tags=["timelines"])
 

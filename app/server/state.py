@@ -2,9 +2,9 @@
 load generator, the limits and a loaded replay — behind a small set of methods that check what only the server
 knows (its limits, its load, whether it is shutting down). The engine checks prompts and sampling itself.
 
-Errors speak for themselves (app/errors.py): ValueError (bad input or over a cap, 400), BusyError (at capacity,
+Errors speak for themselves (errors.py): ValueError (bad input or over a cap, 400), BusyError (at capacity,
 429), NotFoundError (404), NoEngineError (replay-only, 409), ShuttingDownError (503), telemetry.TimelineError (a
-malformed timeline, 400); bursts.ModeLocked (a mode switch during an A/B, 409 from routes_control).
+malformed timeline, 400); loadtest's ModeLocked (a mode switch during an A/B, 409 from routes/control.py).
 """
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ from typing import Iterator
 from batchscope.engine.config import EngineConfig, SamplingParams
 from batchscope.telemetry.nvml import BUSY_NOTE
 
-from .bursts import BurstManager
+from batchscope.app.loadtest.manager import BurstManager
+from batchscope.app.loadtest.specs import BurstSpec, Limits, LoadSpec, Mode
+from batchscope.app.loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
+
 from .errors import BusyError, NoEngineError, NotFoundError, ShuttingDownError
 from .prompts import chat_ids, prompt_ids, sampling_params
 from .replay import MAX_JSON_DEPTH, MAX_REPLAY_BYTES, accept_timeline, read_timeline_file
-from .schemas import (ABStatus, BurstList, BurstSpec, BurstStatus, Health, Limits, LoadSpec, LoadStatus, Mode,
-                      ModeChanged, ModeLock, RecordingCaps, RecordingInfo, Recordings, RecordingStarted,
+from .schemas import (Health, ModeChanged, ModeLock, RecordingCaps, RecordingInfo, Recordings, RecordingStarted,
                       RecordingStopped, ReplayLoaded, Status)
 
 RECORDING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -147,7 +149,7 @@ class AppState:
 
     def set_mode(self, mode: Mode) -> ModeChanged:
         """Switch loops at the next step boundary (the engine refuses a mode it does not have). Raises
-        bursts.ModeLocked while an A/B runs."""
+        ModeLocked while an A/B runs."""
         self._need_engine()
         previous = self.bursts.set_mode(mode)
         return ModeChanged(mode=mode, previous=previous)
@@ -344,7 +346,7 @@ class AppState:
         return self.telemetry
 
     def load_replay(self, obj) -> ReplayLoaded:
-        """Validate a timeline and keep it for the UI's replay view (app/replay.py says what `obj` may be).
+        """Validate a timeline and keep it for the UI's replay view (replay.py says what `obj` may be).
         Raises telemetry.TimelineError saying where and why, BusyError while another replay is being loaded."""
         # one at a time: each holds its text and parsed records (~5x the text) until it is done
         if not self._replay_lock.acquire(blocking=False):

@@ -1,10 +1,8 @@
-"""Load generation: synthetic bursts of requests, endless streams of them, and their client-side metrics.
+"""A load test's client-side metrics: each request timed as its tokens stream back (what a user of the server
+would see), and TTFT, TPOT, ITL and E2E percentiles with throughput over a run.
 
-A burst is a list of planned requests (arrival offset, prompt token ids, output length, seed), all drawn from one
-seeded generator, so the same spec and seed give the same burst every time: that is what makes an A/B fair.
-A continuous load draws the same kind of requests from an endless seeded stream (`request_stream`) and keeps its
-metrics in a `LoadTally`, whose memory stays bounded however long it runs.
-app/bursts.py runs both; each token's arrival is timed on the client side (what a user of the server would see).
+A burst's requests are all kept (`burst_metrics`); a continuous load keeps its metrics in a `LoadTally`, whose
+memory stays bounded however long it runs. app/loadtest/manager.py and sender.py fill them in.
 """
 from __future__ import annotations
 
@@ -12,79 +10,11 @@ import random
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
 
-from batchscope.telemetry.summary import percentiles
+from batchscope.telemetry import percentiles
 
-from .schemas import BurstSpec, LoadSpec
+__all__ = ["RequestTiming", "burst_metrics", "LatencySample", "LoadTally", "LATENCIES"]
 
-__all__ = ["arrival_offsets", "synthetic_prompt", "PlannedRequest", "plan_burst", "request_stream", "RequestTiming",
-           "burst_metrics", "LatencySample", "LoadTally"]
-
-
-# ------------------------------------------------------------------------------------------ arrivals and lengths
-
-def arrival_offsets(n: int, arrival: str, rate: float, burstiness: float, rng: random.Random) -> list[float]:
-    """Seconds after the burst's start at which each of n requests is sent; the first one goes at 0."""
-    if arrival == "burst":
-        return [0.0] * n
-    if arrival == "poisson":
-        gaps = [rng.expovariate(rate) for _ in range(n - 1)]
-    elif arrival == "gamma":
-        # mean gap stays 1/rate whatever the shape; the shape alone sets how clumped arrivals are
-        gaps = [rng.gammavariate(burstiness, 1.0 / (rate * burstiness)) for _ in range(n - 1)]
-    else:
-        raise ValueError(f"unknown arrival process {arrival!r}")
-    out, t = [0.0], 0.0
-    for g in gaps:
-        t += g
-        out.append(t)
-    return out
-
-
-def synthetic_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
-    # skip the low ids, where tokenizers keep their special tokens (EOS, chat markers)
-    low = min(1000, vocab_size // 2)
-    return [rng.randrange(low, vocab_size) for _ in range(length)]
-
-
-@dataclass
-class PlannedRequest:
-    index: int
-    offset_s: float
-    prompt: list[int]
-    max_new_tokens: int
-    seed: int
-
-
-def plan_burst(spec: BurstSpec, vocab_size: int) -> list[PlannedRequest]:
-    """The whole burst, drawn from the spec's seed: identical for identical specs. `spec` is settled
-    (BurstSpec.within): its lengths and seed are known."""
-    rng = random.Random(spec.seed)
-    offsets = arrival_offsets(spec.num_requests, spec.arrival, spec.rate, spec.burstiness, rng)
-    plan = []
-    for i, off in enumerate(offsets):
-        p = rng.randint(*spec.prompt_tokens)
-        m = rng.randint(*spec.max_new_tokens)
-        plan.append(PlannedRequest(i, off, synthetic_prompt(rng, p, vocab_size), m, rng.randrange(2**31)))
-    return plan
-
-
-def request_stream(spec: LoadSpec, vocab_size: int) -> Iterator[PlannedRequest]:
-    """A continuous load's requests, one after another for ever, drawn from the spec's seed. For kind "rate",
-    `offset_s` is when each is due after the load's start; kind "concurrency" sends each when a slot frees up."""
-    rng = random.Random(spec.seed)
-    t, i = 0.0, 0
-    while True:
-        p = rng.randint(*spec.prompt_tokens)
-        m = rng.randint(*spec.max_new_tokens)
-        yield PlannedRequest(i, t, synthetic_prompt(rng, p, vocab_size), m, rng.randrange(2**31))
-        if spec.kind == "rate":
-            t += rng.expovariate(spec.rate) if spec.arrival == "poisson" else 1.0 / spec.rate
-        i += 1
-
-
-# ------------------------------------------------------------------------------------------------------ metrics
 
 @dataclass
 class RequestTiming:
@@ -99,7 +29,6 @@ class RequestTiming:
     @property
     def output_tokens(self) -> int:
         return sum(k for _, k in self.chunks)
-
 
     @property
     def ok(self) -> bool:

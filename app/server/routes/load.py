@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from .deps import State
-from .schemas import (ABStatus, BurstList, BurstSpec, BurstStatus, LoadSpec, LoadStatus, StartedAB, StartedBurst,
-                      StartedLoad)
+from batchscope.app.loadtest.specs import BurstSpec, LoadSpec
+from batchscope.app.loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
+
+from ..deps import State
+from ..schemas import StartedAB, StartedBurst, StartedLoad
 
 router = APIRouter(prefix="/api", tags=["load"])
 

@@ -13,7 +13,7 @@ TOKEN_COOKIE = "batchscope_token"
 # JSON requests: the largest legitimate one, /v1/completions with max_burst_requests prompts of
 # max_prompt_tokens ids each (256 x 4096 x ~7 bytes), is about 7 MiB
 MAX_BODY_BYTES = 8 << 20
-REPLAY_PATH = "/api/replay"         # takes up to MAX_REPLAY_BYTES (app/replay.py says why that much)
+REPLAY_PATH = "/api/replay"         # takes up to MAX_REPLAY_BYTES (replay.py says why that much)
 DEPTH_SCAN_INLINE_BRACKETS = 1 << 16    # a body with more brackets is depth-checked off the event loop
 
 
