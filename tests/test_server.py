@@ -515,7 +515,7 @@ def test_the_status_line_says_when_decode_runs_without_graphs_and_when_ranks_spl
     """engine.info's cuda_graphs_note and tensor parallel size reach the page's status line (escaped)."""
     from types import SimpleNamespace
 
-    from batchscope.app.ui_html import engine_notes
+    from batchscope.app.ui.page_html import engine_notes
 
     plain = SimpleNamespace(engine=SimpleNamespace(info={"cuda_graphs": True, "cuda_graphs_note": None,
                                                          "tensor_parallel_size": 1}))

@@ -90,9 +90,10 @@ def mount_static(app: FastAPI) -> None:
 def mount_ui(app: FastAPI, state: AppState) -> None:
     import gradio as gr
 
-    from batchscope.app import ui
+    from batchscope.app.ui import page
 
-    gr.mount_gradio_app(app, ui.build_ui(state), path="/", head=ui.HEAD, css=ui.CSS, theme=ui.THEME, ssr_mode=False)
+    gr.mount_gradio_app(app, page.build_ui(state), path="/", head=page.HEAD, css=page.CSS, theme=page.THEME,
+                        ssr_mode=False)
 
 
 # --------------------------------------------------------------------------------------------------- serving

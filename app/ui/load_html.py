@@ -1,7 +1,8 @@
-"""The HTML of the Load test tab that app/ui.py shows while runs go on: a continuous load's status, an A/B's
+"""The HTML of the Load test tab that load_tab.py shows while runs go on: a continuous load's status, an A/B's
 progress, and the A/B table that says, per metric, which way is better and whether async won.
 
-Pure functions of typed results (app/schemas.py), like app/ui_html.py, so they are checked without a browser.
+Pure functions of typed results (app/loadtest/statuses.py), like page_html.py, so they are checked without a
+browser.
 """
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import html
 from typing import Any, Callable
 
 from batchscope.app.loadtest.statuses import ABStatus, BurstResults, LoadStatus
-from .ui_html import _num, progress_html, results_html
+
+from .page_html import error_html, number_text, progress_html, results_html
 
 SAME_WITHIN = 0.02          # ratios within 2% of 1 read "about the same": run-to-run noise, not a verdict
 
@@ -21,10 +23,6 @@ STOP_REASONS = {"stopped": "stopped on request", "duration": "reached its time b
 def _clock(seconds: float) -> str:
     s = max(0, int(round(seconds)))
     return f"{s // 60}:{s % 60:02d}"
-
-
-def error_html(text: str) -> str:
-    return f'<div class="bs-err" role="alert">{html.escape(text)}</div>'
 
 
 # ------------------------------------------------------------------------------------------- continuous load
@@ -53,10 +51,10 @@ def load_html(st: LoadStatus) -> str:
     rows = [("mode now", e(st.mode or "–")),
             ("sent · completed", f"{st.sent:,} · {st.completed:,}"),
             ("in flight", f"{st.in_flight:,}"),
-            (f"output tokens/s <small>last {r.window_s:.0f} s</small>", _num(r.output_tokens_per_s)),
-            (f"requests/s <small>last {r.window_s:.0f} s</small>", _num(r.requests_per_s, 2)),
-            (f"TTFT p50 ms <small>last {r.window_s:.0f} s</small>", _num(r.ttft_ms_p50)),
-            (f"E2E p50 ms <small>last {r.window_s:.0f} s</small>", _num(r.e2e_ms_p50))]
+            (f"output tokens/s <small>last {r.window_s:.0f} s</small>", number_text(r.output_tokens_per_s)),
+            (f"requests/s <small>last {r.window_s:.0f} s</small>", number_text(r.requests_per_s, 2)),
+            (f"TTFT p50 ms <small>last {r.window_s:.0f} s</small>", number_text(r.ttft_ms_p50)),
+            (f"E2E p50 ms <small>last {r.window_s:.0f} s</small>", number_text(r.e2e_ms_p50))]
     for label, n in (("failed", st.failed), ("cancelled at the stop", st.cancelled),
                      ("arrivals skipped (too many in flight)", st.skipped)):
         if n:
@@ -163,15 +161,15 @@ def ab_compare_html(ab: ABStatus) -> str:
             if vs is None and va is None:
                 continue
             cls, text = verdict(vs, va, better)
-            cells.append(f'<tr><th>{e(label)} <small>{e(unit)}</small></th><td>{_num(vs, digits)}</td>'
-                         f'<td>{_num(va, digits)}</td><td class="bs-verdict {cls}">{text}</td></tr>')
+            cells.append(f'<tr><th>{e(label)} <small>{e(unit)}</small></th><td>{number_text(vs, digits)}</td>'
+                         f'<td>{number_text(va, digits)}</td><td class="bs-verdict {cls}">{text}</td></tr>')
         if cells:
             body.append(f'<tr class="bs-ab-group" data-better="{better or "none"}"><th colspan="4">{e(heading)}'
                         f'</th></tr>' + "".join(cells))
     head = ""
     if ab.speedup is not None:
         cls, _ = verdict(1.0, ab.speedup, "higher")
-        head = (f'<div class="bs-speedup">async speedup <b id="bs-ab-speedup" class="{cls}">{_num(ab.speedup, 2)}×</b>'
+        head = (f'<div class="bs-speedup">async speedup <b id="bs-ab-speedup" class="{cls}">{number_text(ab.speedup, 2)}×</b>'
                 f'<span>output tokens/s, same burst and seed; above 1 means async was faster</span></div>')
     invalid = ""
     if not ab.valid:

@@ -1,17 +1,20 @@
-"""The Load test tab's runs: the panel's fields as run specs (the same models the HTTP API checks them with), and
-the Gradio handlers that start a burst, an A/B or a continuous load and follow it until it ends. The tab's layout
-is in ui.py."""
+"""The Load test tab: its layout (a continuous load, the requests' shape, a burst and an A/B), the panel's fields
+as run specs (the same models the HTTP API checks them with), and the Gradio handlers that start a burst, an A/B
+or a continuous load and follow it until it ends. The HTML they show is load_html.py's and page_html.py's.
+"""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import gradio as gr
 from pydantic import ValidationError
 
 from batchscope.app.loadtest.refusals import validation_reason
-from batchscope.app.loadtest.specs import BurstSpec, LoadSpec
-from .ui_html import progress_html, results_html
-from .ui_load import ab_compare_html, ab_progress_html, error_html, load_html
+from batchscope.app.loadtest.specs import BurstSpec, Limits, LoadSpec
+
+from .load_html import ab_compare_html, ab_progress_html, load_html
+from .page_html import error_html, progress_html, results_html
 
 POLL_S = 0.3          # how often a running burst / A/B is polled for progress
 LOAD_POLL_S = 0.5     # and a continuous load
@@ -20,7 +23,107 @@ FIRE, AB, START_LOAD = "Fire burst", "A/B: sync then async", "Start load"
 CHECK_MODE_LOCK_SOON = "(...args) => { window.batchscopeModeLock?.soon(); return args; }"
 
 
-def wire_load_test(state, tab, demo: gr.Blocks) -> None:
+# ----------------------------------------------------------------------------------------------- the layout
+
+@dataclass
+class LoadTestTab:
+    """The tab's components, for `wire_load_test`."""
+    load_kind: gr.Radio
+    load_concurrency: gr.Number
+    load_rate: gr.Number
+    load_duration: gr.Number
+    load_start: gr.Button
+    load_stop: gr.Button
+    load_status: gr.HTML
+    load_id: gr.State
+    p_min: gr.Number
+    p_max: gr.Number
+    o_min: gr.Number
+    o_max: gr.Number
+    seed: gr.Number
+    ignore_eos: gr.Checkbox
+    n_req: gr.Number
+    arrival: gr.Radio
+    rate: gr.Number
+    burstiness: gr.Number
+    burst: gr.Button
+    ab: gr.Button
+    burst_progress: gr.HTML
+    burst_results: gr.HTML
+    ab_progress: gr.HTML
+    ab_results: gr.HTML
+
+    def shape_inputs(self) -> list:
+        """What every request looks like, in the order `panel_shape` takes them."""
+        return [self.p_min, self.p_max, self.o_min, self.o_max, self.ignore_eos, self.seed]
+
+    def spec_inputs(self) -> list:
+        """In the order `burst_spec` takes them."""
+        return [self.n_req, self.arrival, self.rate, self.burstiness, *self.shape_inputs()]
+
+    def load_inputs(self) -> list:
+        """In the order `load_spec` takes them."""
+        return [self.load_kind, self.load_concurrency, self.load_rate, self.load_duration, *self.shape_inputs()]
+
+
+def load_test_tab(live: bool, limits: Limits) -> LoadTestTab:
+    # Numbers carry no minimum/maximum: Gradio would refuse an out-of-range value with a toast before our handler
+    # runs (also in a hidden field), leaving the last attempt's message on the page. LoadSpec/BurstSpec check them.
+    gr.Markdown("**Continuous load**: requests keep coming until you stop them, so you can switch sync/async "
+                f"while it runs. It ends by itself after {limits.max_load_duration_s:g} s at most.",
+                elem_id="bs-load-intro")
+    load_kind = gr.Radio([("fixed concurrency", "concurrency"), ("steady rate", "rate")], value="concurrency",
+                         label="continuous load", elem_id="bs-load-kind", interactive=live)
+    with gr.Row():
+        load_concurrency = gr.Number(16, label="requests in flight", precision=0, elem_id="bs-load-conc",
+                                     interactive=live)
+        load_rate = gr.Number(4.0, label="rate (requests/s, Poisson)", visible=False, elem_id="bs-load-rate",
+                              interactive=live)
+        load_duration = gr.Number(limits.max_load_duration_s, label="stop after (s)", elem_id="bs-load-duration",
+                                  interactive=live)
+    with gr.Row():
+        load_start = gr.Button(START_LOAD, variant="primary", elem_id="bs-load-start", interactive=live, size="sm")
+        load_stop = gr.Button("Stop load", variant="stop", elem_id="bs-load-stop", interactive=False, size="sm")
+    load_status = gr.HTML("", elem_id="bs-load-status", js_on_load=None)
+
+    gr.Markdown("**Requests** (continuous load, burst and A/B)", elem_id="bs-shape-intro")
+    with gr.Row():
+        p_min = gr.Number(16, label="prompt tokens min", precision=0, elem_id="bs-pmin", interactive=live)
+        p_max = gr.Number(64, label="prompt tokens max", precision=0, elem_id="bs-pmax", interactive=live)
+    with gr.Row():
+        o_min = gr.Number(16, label="output tokens min", precision=0, elem_id="bs-omin", interactive=live)
+        o_max = gr.Number(64, label="output tokens max", precision=0, elem_id="bs-omax", interactive=live)
+    with gr.Row():
+        seed = gr.Number(0, label="seed", precision=0, elem_id="bs-burst-seed", interactive=live)
+        ignore_eos = gr.Checkbox(True, label="ignore EOS (exact output lengths)", elem_id="bs-ignore-eos",
+                                 interactive=live)
+
+    gr.Markdown("**Burst and A/B**: a fixed number of requests; the A/B runs the same burst in sync, then in "
+                "async (the mode toggle is locked meanwhile).", elem_id="bs-burst-intro")
+    with gr.Row():
+        n_req = gr.Number(16, label=f"requests (≤ {limits.max_burst_requests})", precision=0, elem_id="bs-n",
+                          interactive=live)
+        arrival = gr.Radio([("all at once", "burst"), ("Poisson", "poisson"), ("gamma", "gamma")], value="burst",
+                           label="arrival", elem_id="bs-arrival", interactive=live)
+    with gr.Row():
+        rate = gr.Number(8.0, label="rate (requests/s)", visible=False, elem_id="bs-rate", interactive=live)
+        burstiness = gr.Number(0.5, label="burstiness (gamma shape: 1 = Poisson, <1 burstier)", visible=False,
+                               elem_id="bs-burstiness", interactive=live)
+    with gr.Row():
+        burst = gr.Button(FIRE, variant="primary", elem_id="bs-fire", interactive=live, size="sm")
+        ab = gr.Button(AB, elem_id="bs-ab", interactive=live, size="sm")
+    return LoadTestTab(load_kind, load_concurrency, load_rate, load_duration, load_start, load_stop,
+                        load_status, gr.State(None), p_min, p_max, o_min, o_max, seed, ignore_eos, n_req, arrival,
+                        rate, burstiness, burst, ab,
+                        burst_progress=gr.HTML("", elem_id="bs-burst-progress", js_on_load=None),
+                        burst_results=gr.HTML("", elem_id="bs-burst-table", js_on_load=None),
+                        ab_progress=gr.HTML("", elem_id="bs-ab-progress", js_on_load=None),
+                        ab_results=gr.HTML("", elem_id="bs-ab-table", js_on_load=None))
+
+
+# ----------------------------------------------------------------------------------------------- the handlers
+
+def wire_load_test(state, tab: LoadTestTab, demo: gr.Blocks) -> None:
     """The tab's handlers: arrival and load-kind fields shown as they apply, Fire burst, A/B, Start/Stop load."""
     def arrival_changed(kind):
         return gr.update(visible=kind != "burst"), gr.update(visible=kind == "gamma")

@@ -1,8 +1,9 @@
 """The HTML pieces of the batchscope page that Python renders: the sticky header, the chart container
-(assets/js draws into it), progress bars, burst and A/B result tables, and the replay summary.
+(assets/js draws into it), progress bars, a burst's result table, the replay summary, the Generate tab's info
+line and the error box every tab uses.
 
-Pure functions of the app state or of a typed result (app/schemas.py), so they are easy to check without a
-browser; app/ui.py places them in Gradio blocks.
+Pure functions of the app state or of a typed result (app/loadtest/statuses.py), so they are easy to check
+without a browser; page.py and the tabs place them in Gradio blocks.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 from batchscope.telemetry.forecast import forecast_async
 from batchscope.telemetry.summary import per_mode
 
-from batchscope.app.loadtest.statuses import ABStatus, BurstResults
+from batchscope.app.loadtest.statuses import BurstResults
 
 WHY_GPU = ("Why the two busy numbers differ: NVML utilization is the share of each ~1/6–1 s sampling window in which "
            "any kernel ran, so sub-millisecond gaps between steps still read as busy. Event busy % adds up the "
@@ -34,13 +35,17 @@ KEYS = "keys: S sync · A async · P presentation"
 
 # ----------------------------------------------------------------------------------------------- small helpers
 
-def _num(v: Any, digits: int = 1) -> str:
+def number_text(v: Any, digits: int = 1) -> str:
     if v is None:
         return "–"
     try:
         return f"{float(v):,.{digits}f}"
     except (TypeError, ValueError):
         return html.escape(str(v))
+
+
+def error_html(text: str) -> str:
+    return f'<div class="bs-err" role="alert">{html.escape(text)}</div>'
 
 
 def _status_bits(state) -> dict:
@@ -191,12 +196,12 @@ def results_html(res: BurstResults | None, table_id: str = "bs-burst-results") -
     for label, key in METRICS:
         p = getattr(res, key)
         rows.append(f"<tr><th>{label} <small>ms</small></th>"
-                    + "".join(f"<td>{_num(v)}</td>" for v in (p.p50, p.p90, p.p99)) + "</tr>")
+                    + "".join(f"<td>{number_text(v)}</td>" for v in (p.p50, p.p90, p.p99)) + "</tr>")
     util_label, util = _util(res)
     extra = [("output tokens/s", res.output_tokens_per_s, 1), ("requests/s", res.requests_per_s, 2),
              (_busy_label(res), res.busy_pct, 1), (util_label, util, 1), ("requests completed", res.completed, 0),
              ("requests failed", res.failed or None, 0), ("wall time s", res.duration_s, 2)]
-    tail = "".join(f'<tr><th>{label}</th><td colspan="3">{_num(v, d)}</td></tr>' for label, v, d in extra if v is not None)
+    tail = "".join(f'<tr><th>{label}</th><td colspan="3">{number_text(v, d)}</td></tr>' for label, v, d in extra if v is not None)
     return (f'<table id="{table_id}" class="bs-table"><thead><tr><th></th><th>p50</th><th>p90</th><th>p99</th></tr>'
             f'</thead><tbody>{"".join(rows)}{tail}</tbody></table>')
 
@@ -212,41 +217,6 @@ def _util(res: BurstResults | None) -> tuple[str, Any]:
     if tel.get("gpu_util_mean") is not None:
         return "NVML util % (mean)", tel["gpu_util_mean"]
     return "host CPU % (mean)", tel.get("cpu_pct_mean")
-
-
-def _ratio(a: Any, b: Any) -> str:
-    try:
-        return f"×{float(b) / float(a):.2f}" if float(a) else "–"
-    except (TypeError, ValueError):
-        return "–"
-
-
-def ab_html(ab: ABStatus) -> str:
-    """Sync and async results of the same burst side by side."""
-    s, a = ab.sync, ab.async_
-
-    def both(read) -> tuple:
-        return (read(s) if s else None), (read(a) if a else None)
-
-    rows = [(f"{label} {q} <small>ms</small>", *both(lambda r: getattr(getattr(r, key), q)), 1)
-            for label, key in METRICS for q in ("p50", "p99")]
-    rows += [("output tokens/s", *both(lambda r: r.output_tokens_per_s), 1),
-             ("requests/s", *both(lambda r: r.requests_per_s), 2),
-             (_busy_label(s or a), *both(lambda r: r.busy_pct), 1)]
-    (util_label, nv_s), (_, nv_a) = _util(s), _util(a)
-    if nv_s is not None or nv_a is not None:
-        rows.append((util_label, nv_s, nv_a, 1))
-    rows.append(("wall time s", *both(lambda r: r.duration_s), 2))
-    body = "".join(f"<tr><th>{label}</th><td>{_num(vs, d)}</td><td>{_num(va, d)}</td><td>{_ratio(vs, va)}</td></tr>"
-                   for label, vs, va, d in rows)
-    busy_s, busy_a = both(lambda r: r.busy_pct)
-    head = (f'<div class="bs-speedup">async speedup <b id="bs-ab-speedup">{_num(ab.speedup, 2)}×</b>'
-            f'<span>{_busy_label(s or a)}: sync {_num(busy_s)}% → async {_num(busy_a)}%</span>'
-            f'<span>(output tokens/s, same burst and seed)</span></div>'
-            if ab.speedup is not None else "")
-    return (f'{head}<table id="bs-ab-results" class="bs-table bs-ab"><thead><tr><th></th>'
-            f'<th class="sync">sync</th><th class="async">async</th><th>ratio</th></tr></thead>'
-            f"<tbody>{body}</tbody></table>")
 
 
 REPLAY_FIELDS = (("model", "meta", "model"), ("device", "meta", "device"), ("GPU", "meta", "gpu"),
@@ -318,16 +288,16 @@ def per_mode_html(modes: dict, forecast: dict | None) -> str:
         vs, va = s.get(key), a.get(key)
         if vs is None and va is None:
             continue
-        cell = lambda v: "–" if v is None else f"{_num(v, digits)}{unit}"  # noqa: E731
+        cell = lambda v: "–" if v is None else f"{number_text(v, digits)}{unit}"  # noqa: E731
         body.append(f"<tr><th>{label}</th><td>{cell(vs)}</td><td>{cell(va)}</td>"
                     f"<td>{mode_ratio(key, vs, va)}</td></tr>")
     foot = ""
     if forecast and forecast.get("applicable"):
         f, m = forecast["forecast_ms_per_step"], forecast.get("measured_async_ms_per_step")
-        measured = (f' · measured async <b>{_num(m["p50"], 2)}</b> ms/step '
+        measured = (f' · measured async <b>{number_text(m["p50"], 2)}</b> ms/step '
                     f'({forecast["forecast_error_pct"]:+.1f}%)' if m else " · no async steps recorded to check it")
         foot = (f'<p id="bs-replay-forecast" class="bs-forecast-line">Async forecast from the sync spans: '
-                f'<b>{_num(f["p50"], 2)}</b> ms/step (×{forecast["speedup"]:.2f}){measured}.</p>')
+                f'<b>{number_text(f["p50"], 2)}</b> ms/step (×{forecast["speedup"]:.2f}){measured}.</p>')
     elif forecast and forecast.get("reason"):
         foot = f'<p id="bs-replay-forecast" class="bs-forecast-line">Async forecast: {html.escape(forecast["reason"])}.</p>'
     return (f'<table id="bs-replay-modes" class="bs-table bs-ab"><thead><tr><th>per mode</th><th class="sync">sync</th>'
