@@ -7,8 +7,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from .soak_client import ROUTES, Outcome, Plan, flag_outcome, payload
-from .soak_viewers import Flipper, Viewer
+from .client import ROUTES, Outcome, Plan, flag_outcome, payload
+from .viewers import Flipper, Viewer
 
 MAX_FAILURES_KEPT = 50              # detailed examples in the report; the counts cover everything
 

@@ -14,104 +14,35 @@ What it does, in order (docs/BENCHMARKS.md has the method in full):
      (`--prompt-tokens` random ids each, `--new-tokens` greedy tokens with EOS ignored, so lengths are fixed);
   5. writes the JSON (`--out`) and one batchscope.timeline/1 file per run next to it, and prints a table of medians.
 
-Here: the command line, the order of work and the result. The systems it times are in app/bench_systems.py, the
-floor in app/bench_floor.py. Like them it imports only engine, telemetry, torch, transformers and tqdm, so it runs
-where the server's packages (gradio, fastapi, ...) are not installed.
+Here: the order of work and the result. The options are in options.py, the systems it times in systems.py, the
+floor in floor.py, the printed table and the token check in report.py. Like them it imports only engine,
+telemetry, torch, transformers and tqdm, so it runs where the server's packages (gradio, fastapi, ...) are not
+installed.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as _dt
 import gc
-import hashlib
 import importlib.metadata
 import json
 import math
 import random
 import shlex
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 from batchscope.engine import EngineConfig
-from batchscope.engine.config import DTYPES, MODES
+from batchscope.engine.config import MODES
 
-from .bench_floor import decode_floor, measure_bandwidth, workload_floors  # noqa: F401 (bench.decode_floor)
-from .bench_systems import METRICS, TF_VARIANTS, BatchscopeRunner, TransformersRunner, nvml_window
+from .floor import measure_bandwidth, workload_floors
+from .options import build_parser, complete
+from .report import _digest, _median, disagreeing_runs, format_table
+from .systems import METRICS, TF_VARIANTS, BatchscopeRunner, TransformersRunner, nvml_window
 
 BENCH_SCHEMA = "batchscope.bench/1"
-
-
-# ---------------------------------------------------------------------------------------------- command line
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m",
-                   help="preset (smollm2-135m, tiny-random, llama3-8b-random), HF folder or hub id")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="auto", choices=DTYPES)
-    p.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
-                   help="split the model over N GPUs (the transformers baseline is then skipped)")
-    p.add_argument("--requests", type=positive_int, default=32)
-    p.add_argument("--prompt-tokens", type=positive_int, default=256, help="random token ids per prompt")
-    p.add_argument("--new-tokens", type=positive_int, default=512, help="generated per request, EOS ignored")
-    p.add_argument("--modes", type=_modes, default=list(MODES), help="comma-separated, e.g. sync,async")
-    p.add_argument("--baseline", default="none", choices=["none", "transformers"],
-                   help="also time transformers' continuous batching (generate_batch, async off and on)")
-    p.add_argument("--repeats", type=positive_int, default=1,
-                   help="timed rounds; the order reverses every other round; the table shows medians")
-    p.add_argument("--seed", type=int, default=0, help="seeds the prompts and the random presets' weights")
-    p.add_argument("--warmup-tokens", type=positive_int, default=8, help="new tokens of the untimed warm-up")
-    p.add_argument("--max-batch-tokens", type=positive_int, default=None,
-                   help="per-step token budget, for both systems (default: enough to prefill all prompts at "
-                        "once, between 2048 and 8192)")
-    p.add_argument("--num-blocks", type=positive_int, default=None,
-                   help="batchscope KV blocks (default: exactly enough for the workload, plus one per request)")
-    p.add_argument("--bandwidth-mib", type=positive_int, default=None,
-                   help="size of the copy that measures bandwidth (default: 1024 on CUDA, 128 on CPU)")
-    p.add_argument("--no-telemetry", action="store_true",
-                   help="run batchscope with no observer attached: wall and tokens/s only, no timelines")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--out", default="bench.json", help="results JSON; timelines go next to it")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="batchscope bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_arguments(p)
-    return p
-
-
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _modes(text: str) -> list[str]:
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    if not modes or any(m not in MODES for m in modes):
-        raise argparse.ArgumentTypeError(f"modes are a comma-separated subset of {','.join(MODES)}, got {text!r}")
-    return list(dict.fromkeys(modes))
-
-
-def _complete(args) -> argparse.Namespace:
-    """Fill what another parser (app/cli.py) did not define with our defaults, and normalise a few values."""
-    defaults = vars(build_parser().parse_args([]))
-    ns = argparse.Namespace(**{**defaults, **{k: v for k, v in vars(args).items() if v is not None}})
-    if isinstance(ns.modes, str):
-        ns.modes = _modes(ns.modes)
-    if ns.baseline in (None, "none"):
-        ns.baseline = None
-    return ns
-
-
 TP_BASELINE_SKIPPED = ("transformers' tensor-parallel path (tp_plan='auto') runs under torchrun, one process per "
                        "GPU, from a checkpoint on disk: benchmarks/transformers_tp.py measures it on its own")
 
@@ -140,7 +71,7 @@ def make_prompts(requests: int, prompt_tokens: int, vocab: int, seed: int) -> li
 
 
 def run_benchmark(args) -> dict:
-    args = _complete(args)
+    args = complete(args)
     from batchscope.engine.model.loading import resolve_device
 
     device = resolve_device(args.device)
@@ -340,58 +271,11 @@ def _write_json(path: Path, obj) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------------------------- output
-
-COLUMNS = (("run", None, "s"), ("wall s", "wall_s", ".2f"), ("out tok/s", "tokens_per_s", ".1f"),
-           ("ms/step", "decode_ms_per_step", ".2f"), ("floor ms", "floor_ms_per_step", ".2f"),
-           ("% of floor", "floor_pct", ".1f"), ("roofline ms", "roofline_ms_per_step", ".2f"),
-           ("x roofline", "x_roofline", ".2f"), ("x held roofline", "x_roofline_held", ".2f"),
-           ("GPU busy %", "gpu_busy_pct", ".1f"), ("NVML util %", "nvml_util_pct", ".1f"),
-           ("SM MHz", "sm_clock_mhz", ".0f"), ("speedup", "speedup", ".2f"))
-
-
-def format_table(result: dict) -> str:
-    rows = [[h for h, _, _ in COLUMNS]]
-    for label, med in result["results"].items():
-        name = label if med.get("lengths_ok", True) else f"{label} (LENGTHS WRONG)"
-        rows.append([name] + [("-" if med.get(k) is None else format(med[k], f)) for _, k, f in COLUMNS[1:]])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    w = result["workload"]
-    repeats = max(m["repeats"] for m in result["results"].values())
-    head = (f"{result['engine_info']['model']} on {result['gpu_name'] or result['device']}: {w['requests']} requests"
-            f" x {w['prompt_tokens']} prompt + {w['new_tokens']} new tokens; copy bandwidth "
-            f"{result['bandwidth']['gbps']:.1f} GB/s; medians of {repeats} run(s); speedup vs {result['speedup_vs']}")
-    tail = [f"skipped {k}: {v}" for k, v in result["skipped"].items()]
-    if not result["telemetry"]:
-        tail.append("telemetry off: batchscope's ms/step, busy % and NVML are not measured")
-    return "\n".join([head, ""] + lines + ([""] + tail if tail else []))
-
-
-def _median(values):
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
-
-
-def _digest(token_ids: list[list[int]]) -> str:
-    """One short fingerprint of every output token of a run, in request order."""
-    return hashlib.sha256(json.dumps(token_ids, separators=(",", ":")).encode()).hexdigest()[:16]
-
-
-def disagreeing_runs(result: dict) -> list[str]:
-    """batchscope's own runs that gave other tokens than its first: the same prompts, greedy, must give the same
-    tokens run after run and mode after mode."""
-    ours = [r for r in result["runs"] if r["system"] == "batchscope"]
-    return [f"{r['label']}#{r['repeat']}" for r in ours if r["tokens_digest"] != ours[0]["tokens_digest"]]
-
-
 def main(args=None) -> int:
     """Entry point for `batchscope bench` (app/cli.py passes its Namespace) and for `python -m batchscope.app.bench`."""
     if args is None or isinstance(args, (list, tuple)):
         args = build_parser().parse_args(args)
-    args = _complete(args)
+    args = complete(args)
     try:
         result = run_benchmark(args)
     except (ValueError, MemoryError) as exc:     # ConfigError is a ValueError: a bad setting, said plainly
@@ -410,7 +294,3 @@ def main(args=None) -> int:
         return 3
     return 0
 
-
-if __name__ == "__main__":
-    from batchscope.engine.parallel.ranks import leave
-    sys.exit(leave(main()))

@@ -1,5 +1,6 @@
 """The soak test's side threads: a flipper that switches sync/async while the requests run, and websocket
-viewers on /ws/telemetry (one of them never reads, so the server has a stalled viewer to cope with)."""
+viewers on /ws/telemetry (one of them never reads, so the server has a stalled viewer to cope with). The viewers
+use the `websockets` package, imported when one starts; the flipper, like the requests, the standard library."""
 from __future__ import annotations
 
 import collections
@@ -7,7 +8,7 @@ import json
 import socket
 import threading
 
-from .soak_client import Client
+from .client import Client
 
 
 class Flipper(threading.Thread):

@@ -9,72 +9,25 @@ answer is checked: its length, its usage, one finish per request, server ids nev
 "canary" prompts (greedy, repeated) must answer the same tokens whatever the mode, batch or preemptions. At the end
 the server must be idle again with its KV blocks back to where they started.
 
-The client side is the standard library only (http.client and threads; `websockets` for viewers when importable),
-so that it runs on a GPU box with nothing but the server installed. Exit status: 0 when every check passed, 1
-when one failed, 2 when the server could not be reached.
+The requests go through the standard library (http.client and threads); the viewers need the `websockets`
+package and are left out, with a note in the report, where it is not installed. So it runs on a GPU box with
+nothing but the server's install. Here: the run and `main`; options.py has the command line, client.py the
+requests and their checks, viewers.py the side threads, report.py the verdict. Exit status: 0 when every check
+passed, 1 when one failed, 2 when the server could not be reached.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import threading
 import time
 
-from .soak_client import Client, Outcome, fail_outcome, make_plans, run_one
-from .soak_report import SoakRun, format_report, report
-from .soak_viewers import Flipper, Viewer
+from .client import Client, Outcome, fail_outcome, make_plans, run_one
+from .options import build_parser
+from .report import SoakRun, format_report, report
+from .viewers import Flipper, Viewer
 
-__all__ = ["main", "run_soak", "add_arguments", "build_parser"]
-
-
-def positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def fraction(text: str) -> float:
-    v = float(text)
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {v}")
-    return v
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:7860", help="the running server")
-    p.add_argument("--requests", type=positive_int, default=200, help="requests to send in all")
-    p.add_argument("--concurrency", type=positive_int, default=8, help="requests in flight at once")
-    p.add_argument("--flip-every", type=float, default=0.0,
-                   help="seconds between POST /api/mode sync<->async switches (0: never)")
-    p.add_argument("--cancel-fraction", type=fraction, default=0.1,
-                   help="share of streamed requests the client drops after the first chunk or two")
-    p.add_argument("--canary-fraction", type=fraction, default=0.2,
-                   help="share of requests that repeat a fixed greedy prompt (their answers must all agree)")
-    p.add_argument("--viewers", type=int, default=0,
-                   help="websocket viewers on /ws/telemetry during the run (one of them never reads)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=32,
-                   help="output tokens per request: drawn in [max/4, max]; canaries use max")
-    p.add_argument("--max-prompt-words", type=positive_int, default=40, help="random words per prompt, at most")
-    p.add_argument("--seed", type=int, default=0, help="seeds the request mix (same seed, same requests)")
-    p.add_argument("--token", default=os.environ.get("BATCHSCOPE_TOKEN") or None,
-                   help="bearer token, when the server was started with --token (default: $BATCHSCOPE_TOKEN)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds a request may stay silent")
-    p.add_argument("--settle-timeout", type=float, default=30.0,
-                   help="seconds to wait after the run for the server to drain and free its KV blocks")
-    p.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines (0: none)")
-    p.add_argument("--sample-every", type=float, default=5.0,
-                   help="seconds between GET /api/status samples (RSS, KV, queue) kept in the report (0: none)")
-    p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the full report here")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="batchscope soak", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_arguments(p)
-    return p
+__all__ = ["main", "run_soak"]
 
 
 def _say(msg: str) -> None:
@@ -265,7 +218,3 @@ def main(args=None) -> int:
         path.write_text(json.dumps(res, indent=1) + "\n")
         _say(f"wrote {path}")
     return 0 if res["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
