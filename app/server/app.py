@@ -90,7 +90,7 @@ def mount_static(app: FastAPI) -> None:
 def mount_ui(app: FastAPI, state: AppState) -> None:
     import gradio as gr
 
-    from batchscope.app.ui import page
+    from ..ui import page
 
     gr.mount_gradio_app(app, page.build_ui(state), path="/", head=page.HEAD, css=page.CSS, theme=page.THEME,
                         ssr_mode=False)

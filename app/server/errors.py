@@ -14,9 +14,10 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import HTTPConnection
 
-from batchscope.app.loadtest.refusals import BusyError, validation_reason
 from batchscope.engine.config import EngineUnavailable
 from batchscope.telemetry import TimelineError
+
+from ..loadtest.refusals import BusyError, validation_reason
 
 
 class NotFoundError(KeyError):

@@ -2,8 +2,9 @@
 model's context, with errors a caller can act on. The engine checks the token ids again when they are submitted."""
 from __future__ import annotations
 
-from batchscope.app.loadtest.specs import Limits
 from batchscope.engine.config import SamplingParams
+
+from ..loadtest.specs import Limits
 
 DEFAULT_NEW_TOKENS = 128           # when a caller does not say (capped by the limit)
 CHARS_PER_TOKEN_LIMIT = 32         # no token is shorter than a character; this leaves room for any tokenizer

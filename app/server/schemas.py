@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from batchscope.app.loadtest.specs import Body, Limits, Mode
+from ..loadtest.specs import Body, Limits, Mode
+
 
 # ------------------------------------------------------------------------------------------------- requests
 

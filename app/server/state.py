@@ -17,10 +17,9 @@ from typing import Iterator
 from batchscope.engine.config import EngineConfig, SamplingParams
 from batchscope.telemetry.nvml import BUSY_NOTE
 
-from batchscope.app.loadtest.manager import BurstManager
-from batchscope.app.loadtest.specs import BurstSpec, Limits, LoadSpec, Mode
-from batchscope.app.loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
-
+from ..loadtest.manager import BurstManager
+from ..loadtest.specs import BurstSpec, Limits, LoadSpec, Mode
+from ..loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
 from .errors import BusyError, NoEngineError, NotFoundError, ShuttingDownError
 from .prompts import chat_ids, prompt_ids, sampling_params
 from .replay import MAX_JSON_DEPTH, MAX_REPLAY_BYTES, accept_timeline, read_timeline_file

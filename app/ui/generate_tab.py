@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from batchscope.app.loadtest.specs import Limits
-
+from ..loadtest.specs import Limits
 from .page_html import error_html, gen_info_html
 
 

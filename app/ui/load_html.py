@@ -9,8 +9,7 @@ from __future__ import annotations
 import html
 from typing import Any, Callable
 
-from batchscope.app.loadtest.statuses import ABStatus, BurstResults, LoadStatus
-
+from ..loadtest.statuses import ABStatus, BurstResults, LoadStatus
 from .page_html import error_html, number_text, progress_html, results_html
 
 SAME_WITHIN = 0.02          # ratios within 2% of 1 read "about the same": run-to-run noise, not a verdict

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 import gradio as gr
 from pydantic import ValidationError
 
-from batchscope.app.loadtest.refusals import validation_reason
-from batchscope.app.loadtest.specs import BurstSpec, Limits, LoadSpec
-
+from ..loadtest.refusals import validation_reason
+from ..loadtest.specs import BurstSpec, Limits, LoadSpec
 from .load_html import ab_compare_html, ab_progress_html, load_html
 from .page_html import error_html, progress_html, results_html
 

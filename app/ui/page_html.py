@@ -13,7 +13,8 @@ from typing import Any
 from batchscope.telemetry.forecast import forecast_async
 from batchscope.telemetry.summary import per_mode
 
-from batchscope.app.loadtest.statuses import BurstResults
+from ..loadtest.statuses import BurstResults
+
 
 WHY_GPU = ("Why the two busy numbers differ: NVML utilization is the share of each ~1/6–1 s sampling window in which "
            "any kernel ran, so sub-millisecond gaps between steps still read as busy. Event busy % adds up the "

@@ -5,8 +5,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from batchscope.app.loadtest.refusals import ModeLocked
-
+from ...loadtest.refusals import ModeLocked
 from ..deps import State
 from ..schemas import GenerateBody, Health, ModeBody, ModeChanged, ModeLock, Status
 from ..streaming import final_outputs, sse_stream

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from batchscope.app.loadtest.specs import BurstSpec, LoadSpec
-from batchscope.app.loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
-
+from ...loadtest.specs import BurstSpec, LoadSpec
+from ...loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
 from ..deps import State
 from ..schemas import StartedAB, StartedBurst, StartedLoad
 
