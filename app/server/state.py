@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from batchscope.engine.config import EngineConfig, SamplingParams
 from batchscope.telemetry.nvml import BUSY_NOTE
@@ -27,6 +27,7 @@ from .schemas import (Health, ModeChanged, ModeLock, RecordingCaps, RecordingInf
                       RecordingStopped, ReplayLoaded, Status)
 
 RECORDING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+T = TypeVar("T")
 
 
 class AppState:
@@ -104,6 +105,25 @@ class AppState:
         if self._shutting_down:
             raise ShuttingDownError("the server is shutting down")
 
+    def _runs(self) -> BurstManager:
+        """The load tests' manager (NoEngineError on a replay-only server, which has none)."""
+        self._need_engine()
+        return self.bursts
+
+    def _admit(self) -> BurstManager:
+        """The manager, to start a run with: refused while the server shuts down."""
+        runs = self._runs()
+        self._refuse_when_shutting_down()
+        return runs
+
+    def _look_up(self, find: Callable[[BurstManager], T]) -> T:
+        """A run's status through the manager; an id it does not know is a NotFoundError (404)."""
+        runs = self._runs()
+        try:
+            return find(runs)
+        except KeyError as e:
+            raise NotFoundError(e.args[0]) from None
+
     # ---------------------------------------------------------------------------------------------- about it
     @property
     def model_name(self) -> str | None:
@@ -149,8 +169,7 @@ class AppState:
     def set_mode(self, mode: Mode) -> ModeChanged:
         """Switch loops at the next step boundary (the engine refuses a mode it does not have). Raises
         ModeLocked while an A/B runs."""
-        self._need_engine()
-        previous = self.bursts.set_mode(mode)
+        previous = self._runs().set_mode(mode)
         return ModeChanged(mode=mode, previous=previous)
 
     def mode_lock(self) -> ModeLock:
@@ -230,47 +249,25 @@ class AppState:
 
     # --------------------------------------------------------------------------------------------- load tests
     def start_burst(self, spec: BurstSpec) -> str:
-        self._need_engine()
-        self._refuse_when_shutting_down()
-        return self.bursts.start_burst(spec)
+        return self._admit().start_burst(spec)
 
     def start_ab(self, spec: BurstSpec) -> str:
-        self._need_engine()
-        self._refuse_when_shutting_down()
-        return self.bursts.start_ab(spec)
-
-    def burst_status(self, burst_id: str) -> BurstStatus:
-        self._need_engine()
-        try:
-            return self.bursts.burst(burst_id)
-        except KeyError as e:
-            raise NotFoundError(e.args[0]) from None
-
-    def ab_status(self, ab_id: str) -> ABStatus:
-        self._need_engine()
-        try:
-            return self.bursts.ab(ab_id)
-        except KeyError as e:
-            raise NotFoundError(e.args[0]) from None
+        return self._admit().start_ab(spec)
 
     def start_load(self, spec: LoadSpec) -> str:
-        self._need_engine()
-        self._refuse_when_shutting_down()
-        return self.bursts.start_load(spec)
+        return self._admit().start_load(spec)
+
+    def burst_status(self, burst_id: str) -> BurstStatus:
+        return self._look_up(lambda runs: runs.burst(burst_id))
+
+    def ab_status(self, ab_id: str) -> ABStatus:
+        return self._look_up(lambda runs: runs.ab(ab_id))
 
     def load_status(self, load_id: str) -> LoadStatus:
-        self._need_engine()
-        try:
-            return self.bursts.load(load_id)
-        except KeyError as e:
-            raise NotFoundError(e.args[0]) from None
+        return self._look_up(lambda runs: runs.load(load_id))
 
     def stop_load(self, load_id: str) -> LoadStatus:
-        self._need_engine()
-        try:
-            return self.bursts.stop_load(load_id)
-        except KeyError as e:
-            raise NotFoundError(e.args[0]) from None
+        return self._look_up(lambda runs: runs.stop_load(load_id))
 
     def running_load(self) -> str | None:
         return self.bursts.running_load() if self.bursts is not None else None
