@@ -142,12 +142,27 @@ def test_generate_chat_uses_the_template(client, served):
     assert as_ids["prompt_tokens"] == len(ids) == raw["prompt_tokens"]
 
 
-def test_generate_stream_for_the_ui_accumulates(served):
+def test_the_pages_generate_streams_one_update_per_token_and_ends_with_the_whole_answer(client, served):
+    """The Generate tab's handler: a cleared box first, then one update per token, each text extending the one
+    before, the last one the API's whole answer; bad input is said on the page before anything is submitted."""
+    from batchscope.app.ui.generate_tab import Streams, generate_handler
+
     _, state = served
-    texts = list(state.generate_stream("Hello", max_new_tokens=5, ignore_eos=True, chat=False))
-    assert len(texts) >= 1 and all(b.startswith(a) for a, b in zip(texts, texts[1:]))
-    with pytest.raises(ValueError, match="empty"):
-        state.generate_stream("", chat=False)
+    generate = generate_handler(state, Streams())
+    # (prompt, max new tokens, temperature, top-p, top-k, seed, ignore EOS, chat template, gradio request)
+    updates = list(generate("Hello", 5, 0.0, 1.0, 0, -1, True, False, None))
+    assert updates[0][0] == "" and "waiting for the first token" in updates[0][1]
+    texts = [text for text, _ in updates[1:]]
+    assert len(texts) == 5                            # EOS ignored: five tokens, one delta each
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert all("running" in info for _, info in updates[1:-1]) and "done in" in updates[-1][1]
+    whole = client.post("/api/generate", json={"prompt": "Hello", "max_new_tokens": 5, "ignore_eos": True,
+                                               "chat": False}).json()
+    assert whole["output_tokens"] == 5 and texts[-1] == whole["text"]
+    assert [u[1] for u in generate("  ", 5, 0.0, 1.0, 0, -1, True, False, None)][1:] == [
+        '<div class="bs-err" role="alert">Type a prompt first.</div>']
+    over = list(generate("Hello", LIMITS.max_new_tokens + 1, 0.0, 1.0, 0, -1, True, False, None))
+    assert len(over) == 2 and f"over the limit of {LIMITS.max_new_tokens}" in over[-1][1]
 
 
 # ------------------------------------------------------------------------------------------------ load tests

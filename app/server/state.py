@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, TypeVar
 
 from batchscope.engine.config import EngineConfig, SamplingParams
 from batchscope.telemetry.nvml import BUSY_NOTE
@@ -221,31 +221,6 @@ class AppState:
         if self._shutting_down:          # begin_shutdown ran while we submitted: it may have missed this one
             handle.cancel()
         return handle
-
-    def generate_stream(self, prompt: str, max_new_tokens: int | None = None, temperature: float = 0.0,
-                        top_p: float = 1.0, top_k: int = 0, seed: int | None = None, ignore_eos: bool = False,
-                        chat: bool = True) -> Iterator[str]:
-        """Yields the accumulated text so far. Bad input raises ValueError before the first yield; an engine
-        error raises RuntimeError. Closing the generator early cancels the request."""
-        ids = self.encode(prompt, chat=chat)
-        handle = self.submit(ids, self.sampling(len(ids), max_new_tokens, temperature, top_p, top_k, seed,
-                                                ignore_eos))
-        return self._accumulate(handle)
-
-    @staticmethod
-    def _accumulate(handle) -> Iterator[str]:
-        text, finished = "", False
-        try:
-            for d in handle:
-                text += d.text
-                if d.finished:
-                    finished = True
-                    if d.error or d.finish_reason == "error":
-                        raise RuntimeError(f"generation failed: {d.error or 'engine error'}")
-                yield text
-        finally:
-            if not finished:
-                handle.cancel()
 
     # --------------------------------------------------------------------------------------------- load tests
     def start_burst(self, spec: BurstSpec) -> str:
