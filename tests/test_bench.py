@@ -35,6 +35,7 @@ def test_every_run_reports_every_metric(cpu_bench, capsys):
     rc, _, result = cpu_bench
     assert rc == 0
     assert result["order"] == ["sync", "async", "transformers-sync"]
+    assert [run["label"] for run in result["runs"]] == result["order"]      # every planned run ran
     # transformers' async batching needs CUDA: on CPU it is skipped, and says so
     assert "transformers-async" in result["skipped"]
     assert result["bandwidth"]["gbps"] > 0
@@ -62,9 +63,11 @@ def test_every_run_reports_every_metric(cpu_bench, capsys):
 
 def test_batchscope_runs_are_busy_measured_and_in_their_own_mode(cpu_bench):
     _, _, result = cpu_bench
-    for run in result["runs"]:
-        if run["system"] != "batchscope":
-            continue
+    ours = [run for run in result["runs"] if run["system"] == "batchscope"]
+    assert [(run["label"], run["mode"]) for run in ours] == [("sync", "sync"), ("async", "async")]
+    for run in ours:
+        # the engine stepped: every request needs NEW steps (one prefill, then a decode per further token)
+        assert NEW <= run["steps"] <= REQUESTS * NEW and run["decode_steps"] >= NEW - 1
         assert run["finish_reasons"] == {"length": REQUESTS}
         assert 0 < run["gpu_busy_pct"] <= 100          # on CPU: host launch spans stand in for compute
         assert run["busy_basis"] == "host"
@@ -79,6 +82,7 @@ def test_sync_and_async_and_transformers_agree_on_tokens(cpu_bench):
 
 def test_each_run_writes_a_valid_timeline(cpu_bench):
     _, out, result = cpu_bench
+    assert [run["label"] for run in result["runs"]] == ["sync", "async", "transformers-sync"]
     for run in result["runs"]:
         path = Path(run["timeline"])
         assert path.parent == out.parent and path.name == f"b.{run['label']}.timeline.json"
