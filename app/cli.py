@@ -100,6 +100,7 @@ def _say(msg: str) -> None:
 
 def cmd_serve(args) -> int:
     from batchscope.engine.config import EngineConfig
+    from batchscope.engine.model.loading import preflight
 
     from .loadtest.specs import Limits
     from .server import check_bind
@@ -111,6 +112,7 @@ def cmd_serve(args) -> int:
                               block_size=args.block_size, num_blocks=args.num_blocks,
                               max_batch_tokens=args.max_batch_tokens, max_running=args.max_running,
                               seed=args.seed, tensor_parallel_size=args.tensor_parallel_size).validate()
+        preflight(config.model)       # a broken or refused checkpoint folder: one line, before "loading ..."
     except ValueError as e:
         _say(str(e))
         return 2
