@@ -1,4 +1,8 @@
-"""`batchscope serve | replay | bench | soak`: the command line."""
+"""`batchscope serve | replay | bench | soak`: the command line.
+
+It imports nothing heavy until a command runs: `batchscope --help` and `--version` load neither torch nor the web
+server. Each command imports what it needs inside its function (the server, the engine, the bench's runners).
+"""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +14,9 @@ import time
 from batchscope import __version__
 from batchscope.engine.config import DTYPES, MODES
 
-from .bench import positive_int
+from .bench import options as bench_options
+from .bench.options import positive_int
+from .soak import options as soak_options
 
 DEFAULT_PORT = 7860
 
@@ -52,18 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     _server_args(r)
     r.set_defaults(func=cmd_replay)
 
-    from . import bench               # its options are defined once, in app/bench.py
-
+    # the tools' options are defined once, in their own options.py (argparse only)
     b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    bench.add_arguments(b)
+    bench_options.add_arguments(b)
     b.set_defaults(func=cmd_bench)
-
-    from . import soak                # stdlib only: it drives a server that runs elsewhere
 
     k = sub.add_parser("soak", help="a long mixed load against a running server: checks nothing is lost, "
                                     "repeated or leaked", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    soak.add_arguments(k)
+    soak_options.add_arguments(k)
     k.set_defaults(func=cmd_soak)
     return p
 
@@ -79,7 +82,7 @@ def _server_args(p: argparse.ArgumentParser) -> None:
 
 
 def _limit_args(p: argparse.ArgumentParser) -> None:
-    from .schemas import Limits
+    from .loadtest.specs import Limits
 
     d = Limits()
     p.add_argument("--max-prompt-tokens", type=positive_int, default=d.max_prompt_tokens)
@@ -97,10 +100,11 @@ def _say(msg: str) -> None:
 
 def cmd_serve(args) -> int:
     from batchscope.engine.config import EngineConfig
+    from batchscope.engine.model.loading import preflight
 
-    from .schemas import Limits
+    from .loadtest.specs import Limits
     from .server import check_bind
-    from .state import AppState
+    from .server.state import AppState
 
     try:
         check_bind(args.host, args.token)
@@ -108,6 +112,7 @@ def cmd_serve(args) -> int:
                               block_size=args.block_size, num_blocks=args.num_blocks,
                               max_batch_tokens=args.max_batch_tokens, max_running=args.max_running,
                               seed=args.seed, tensor_parallel_size=args.tensor_parallel_size).validate()
+        preflight(config.model)       # a broken or refused checkpoint folder: one line, before "loading ..."
     except ValueError as e:
         _say(str(e))
         return 2
@@ -129,7 +134,7 @@ def cmd_replay(args) -> int:
     from batchscope.telemetry import TimelineError
 
     from .server import check_bind
-    from .state import AppState
+    from .server.state import AppState
 
     try:
         check_bind(args.host, args.token)
@@ -146,15 +151,15 @@ def cmd_replay(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import bench
+    from .bench import run          # torch and transformers load here
 
-    return bench.main(args) or 0
+    return run.main(args) or 0
 
 
 def cmd_soak(args) -> int:
-    from . import soak
+    from .soak import run
 
-    return soak.main(args)
+    return run.main(args)
 
 
 def _serve(state, args) -> int:

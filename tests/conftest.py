@@ -231,7 +231,7 @@ def browser():
 def tiny_app_server(limits, ui: bool = True):
     """The app on the tiny-random preset, served from a thread of this process."""
     from batchscope.app.server import ServerThread, create_app
-    from batchscope.app.state import AppState
+    from batchscope.app.server.state import AppState
 
     state = AppState.load(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
                                        num_blocks=512, max_batch_tokens=512, max_running=32), limits)

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchscope.app import bench
+from batchscope.app.bench import floor, report
+from batchscope.app.bench import run as bench
+from batchscope.app.bench.floor import roofline_floor
+from batchscope.app.bench.systems import METRICS
 from batchscope.engine import EngineConfig
 from batchscope.telemetry import validate_timeline
 
@@ -32,6 +35,7 @@ def test_every_run_reports_every_metric(cpu_bench, capsys):
     rc, _, result = cpu_bench
     assert rc == 0
     assert result["order"] == ["sync", "async", "transformers-sync"]
+    assert [run["label"] for run in result["runs"]] == result["order"]      # every planned run ran
     # transformers' async batching needs CUDA: on CPU it is skipped, and says so
     assert "transformers-async" in result["skipped"]
     assert result["bandwidth"]["gbps"] > 0
@@ -43,7 +47,7 @@ def test_every_run_reports_every_metric(cpu_bench, capsys):
     assert result["floor"]["gemm_peak"]["held_tflops"] is None
     assert result["floor"]["roofline_held"]["ms_per_step"] is None
     for run in result["runs"]:
-        for key in bench.METRICS:
+        for key in METRICS:
             assert key in run, (run["label"], key)
         # measurable on CPU; NVML utilization is not (the key is there, the value is None)
         for key in ("wall_s", "tokens_per_s", "decode_ms_per_step", "floor_ms_per_step", "floor_pct", "speedup",
@@ -52,16 +56,18 @@ def test_every_run_reports_every_metric(cpu_bench, capsys):
         assert run["output_tokens"] == REQUESTS * NEW
         assert run["lengths_ok"] is True
     for label, med in result["results"].items():
-        assert all(key in med for key in bench.METRICS), label
+        assert all(key in med for key in METRICS), label
     # the slowest run is the speedup reference
     assert min(m["speedup"] for m in result["results"].values()) == pytest.approx(1.0)
 
 
 def test_batchscope_runs_are_busy_measured_and_in_their_own_mode(cpu_bench):
     _, _, result = cpu_bench
-    for run in result["runs"]:
-        if run["system"] != "batchscope":
-            continue
+    ours = [run for run in result["runs"] if run["system"] == "batchscope"]
+    assert [(run["label"], run["mode"]) for run in ours] == [("sync", "sync"), ("async", "async")]
+    for run in ours:
+        # the engine stepped: every request needs NEW steps (one prefill, then a decode per further token)
+        assert NEW <= run["steps"] <= REQUESTS * NEW and run["decode_steps"] >= NEW - 1
         assert run["finish_reasons"] == {"length": REQUESTS}
         assert 0 < run["gpu_busy_pct"] <= 100          # on CPU: host launch spans stand in for compute
         assert run["busy_basis"] == "host"
@@ -76,6 +82,7 @@ def test_sync_and_async_and_transformers_agree_on_tokens(cpu_bench):
 
 def test_each_run_writes_a_valid_timeline(cpu_bench):
     _, out, result = cpu_bench
+    assert [run["label"] for run in result["runs"]] == ["sync", "async", "transformers-sync"]
     for run in result["runs"]:
         path = Path(run["timeline"])
         assert path.parent == out.parent and path.name == f"b.{run['label']}.timeline.json"
@@ -91,7 +98,7 @@ def test_each_run_writes_a_valid_timeline(cpu_bench):
 
 def test_table_is_printed_last(cpu_bench):
     _, _, result = cpu_bench
-    table = bench.format_table(result)
+    table = report.format_table(result)
     lines = table.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("run "))
     for col in ("wall s", "out tok/s", "ms/step", "floor ms", "% of floor", "GPU busy %", "NVML util %", "speedup"):
@@ -132,17 +139,15 @@ def test_floor_uses_the_exact_mean_context_of_the_decode():
     # brute force: the decode step producing token j (2..new) attends over prompt + j - 1 positions per request
     contexts = [requests * (prompt + j - 1) for j in range(2, new + 1)]
     mean_bytes = info["weight_bytes"] + info["kv_bytes_per_token"] * sum(contexts) / len(contexts)
-    floor = bench.decode_floor(info, requests, prompt, new, gbps=2.0)
-    assert floor["bytes_per_step"] == int(mean_bytes)
-    assert floor["ms_per_step"] == pytest.approx(mean_bytes / 2e9 * 1e3, abs=1e-4)
-    assert bench.decode_floor(info, requests, prompt, 1, gbps=2.0)["ms_per_step"] is None   # no decode step
+    decode = floor.decode_floor(info, requests, prompt, new, gbps=2.0)
+    assert decode["bytes_per_step"] == int(mean_bytes)
+    assert decode["ms_per_step"] == pytest.approx(mean_bytes / 2e9 * 1e3, abs=1e-4)
+    assert floor.decode_floor(info, requests, prompt, 1, gbps=2.0)["ms_per_step"] is None   # no decode step
 
 
 def test_roofline_takes_the_larger_of_memory_and_compute_per_class():
     """8 GB of dense weights at 256 rows on a 4 TB/s, 800 TFLOP/s device: compute-bound (5.24 ms > 2 ms); the lm_head
     and the KV stay memory-bound; at 32 rows everything is memory-bound and the roofline equals the bandwidth floor."""
-    from batchscope.app.bench_floor import roofline_floor
-
     classes = {"linear": {"bytes": 8e9, "macs_per_row": 4e9},      # 4e9 bf16 weights, one MAC each per row
                "experts": {"bytes": 0, "macs_per_row": 0},
                "lm_head": {"bytes": 1e9, "macs_per_row": 0.25e9}}   # float32: 4 bytes a weight
@@ -155,13 +160,11 @@ def test_roofline_takes_the_larger_of_memory_and_compute_per_class():
     assert r["ms_per_step"] == pytest.approx(lin["compute_ms"] + 0.25 + kv, abs=1e-3)
     small = roofline_floor(classes, info, 32, 100, 2, gbps=4000.0, tflops=800.0)
     assert all(p["bound"] == "memory" for p in small["classes"].values())
-    floor = bench.decode_floor({"weight_bytes": 9e9, "kv_bytes_per_token": 1000}, 32, 100, 2, gbps=4000.0)
-    assert small["ms_per_step"] == pytest.approx(floor["ms_per_step"], abs=1e-3)
+    bandwidth = floor.decode_floor({"weight_bytes": 9e9, "kv_bytes_per_token": 1000}, 32, 100, 2, gbps=4000.0)
+    assert small["ms_per_step"] == pytest.approx(bandwidth["ms_per_step"], abs=1e-3)
 
 
 def test_held_roofline_uses_the_sustained_gemm_rate_and_runs_are_scored_against_it():
-    from batchscope.app.bench_floor import roofline_floor
-
     classes = {"linear": {"bytes": 8e9, "macs_per_row": 4e9}, "experts": {"bytes": 0, "macs_per_row": 0},
                "lm_head": {"bytes": 1e9, "macs_per_row": 0.25e9}}
     info = {"kv_bytes_per_token": 1000}
@@ -183,7 +186,7 @@ def test_held_roofline_uses_the_sustained_gemm_rate_and_runs_are_scored_against_
 
 
 def test_weight_classes_count_linears_experts_and_head(tmp_path):
-    from batchscope.app.bench_floor import weight_classes
+    from batchscope.app.bench.floor import weight_classes
     from test_model_matrix import build_checkpoint
     from transformers import AutoModelForCausalLM
 
@@ -209,7 +212,7 @@ def test_bad_workload_is_refused_plainly(tmp_path, capsys):
 
 def test_bench_imports_no_server_packages():
     # the GPU box has no gradio, fastapi, uvicorn, plotly or websockets
-    code = ("import sys, batchscope.app.bench, batchscope.telemetry; "
+    code = ("import sys, batchscope.app.bench.run, batchscope.telemetry; "
             "bad = [m for m in ('gradio', 'fastapi', 'uvicorn', 'plotly', 'websockets') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

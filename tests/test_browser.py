@@ -25,9 +25,9 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from batchscope.app.schemas import Limits  # noqa: E402
+from batchscope.app.loadtest.specs import Limits  # noqa: E402
 from batchscope.app.server import ServerThread, create_app  # noqa: E402
-from batchscope.app.state import AppState  # noqa: E402
+from batchscope.app.server.state import AppState  # noqa: E402
 from batchscope.telemetry import SCHEMA_ID, validate_timeline  # noqa: E402
 
 LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=512, max_burst_requests=64, max_concurrent_bursts=2,

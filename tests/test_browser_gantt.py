@@ -28,9 +28,9 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from batchscope.app.schemas import Limits  # noqa: E402
+from batchscope.app.loadtest.specs import Limits  # noqa: E402
 from batchscope.app.server import ServerThread, create_app  # noqa: E402
-from batchscope.app.state import AppState  # noqa: E402
+from batchscope.app.server.state import AppState  # noqa: E402
 from batchscope.engine.config import EngineConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from batchscope.app.schemas import Limits  # noqa: E402
+from batchscope.app.loadtest.specs import Limits  # noqa: E402
 
 LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=512, max_burst_requests=64, max_concurrent_bursts=2,
                 max_waiting_requests=256, max_load_duration_s=120)

@@ -9,10 +9,10 @@ import time
 import httpx
 import pytest
 
-from batchscope.app.loadgen import request_stream
-from batchscope.app.schemas import Limits, LoadSpec
+from batchscope.app.loadtest.plans import request_stream
+from batchscope.app.loadtest.specs import Limits, LoadSpec
 from batchscope.app.server import ServerThread, create_app
-from batchscope.app.state import AppState
+from batchscope.app.server.state import AppState
 from batchscope.engine.config import EngineConfig
 
 LIMITS = Limits(max_prompt_tokens=256, max_new_tokens=256, max_burst_requests=32, max_concurrent_bursts=2,

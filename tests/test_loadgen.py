@@ -10,11 +10,11 @@ import pytest
 
 from pydantic import ValidationError
 
-from batchscope.app.bursts import BurstManager, ModeLocked
-from batchscope.app.errors import BusyError, validation_reason
-from batchscope.app.loadgen import (LatencySample, LoadTally, RequestTiming, arrival_offsets, burst_metrics,
-                                    plan_burst, request_stream)
-from batchscope.app.schemas import BurstSpec, Limits, LoadSpec
+from batchscope.app.loadtest.manager import BurstManager
+from batchscope.app.loadtest.metrics import LatencySample, LoadTally, RequestTiming, burst_metrics
+from batchscope.app.loadtest.plans import arrival_offsets, plan_burst, request_stream
+from batchscope.app.loadtest.refusals import BusyError, ModeLocked, validation_reason
+from batchscope.app.loadtest.specs import BurstSpec, Limits, LoadSpec
 from batchscope.engine.request import TokenDelta
 
 LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=64, max_burst_requests=50, max_concurrent_bursts=2)

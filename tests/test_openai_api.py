@@ -5,9 +5,9 @@ import httpx
 import openai
 import pytest
 
-from batchscope.app.schemas import Limits
+from batchscope.app.loadtest.specs import Limits
 from batchscope.app.server import ServerThread, create_app
-from batchscope.app.state import AppState
+from batchscope.app.server.state import AppState
 from batchscope.engine.config import EngineConfig
 
 MODEL = "tiny-random"

@@ -8,9 +8,9 @@ import jsonschema
 import pytest
 
 from batchscope.app.cli import main as cli_main
-from batchscope.app.schemas import Limits
+from batchscope.app.loadtest.specs import Limits
 from batchscope.app.server import ServerThread, check_bind, create_app
-from batchscope.app.state import AppState
+from batchscope.app.server.state import AppState
 from batchscope.engine.config import EngineConfig
 from batchscope.telemetry import SCHEMA, SCHEMA_ID, validate_timeline
 
@@ -142,12 +142,27 @@ def test_generate_chat_uses_the_template(client, served):
     assert as_ids["prompt_tokens"] == len(ids) == raw["prompt_tokens"]
 
 
-def test_generate_stream_for_the_ui_accumulates(served):
+def test_the_pages_generate_streams_one_update_per_token_and_ends_with_the_whole_answer(client, served):
+    """The Generate tab's handler: a cleared box first, then one update per token, each text extending the one
+    before, the last one the API's whole answer; bad input is said on the page before anything is submitted."""
+    from batchscope.app.ui.generate_tab import Streams, generate_handler
+
     _, state = served
-    texts = list(state.generate_stream("Hello", max_new_tokens=5, ignore_eos=True, chat=False))
-    assert len(texts) >= 1 and all(b.startswith(a) for a, b in zip(texts, texts[1:]))
-    with pytest.raises(ValueError, match="empty"):
-        state.generate_stream("", chat=False)
+    generate = generate_handler(state, Streams())
+    # (prompt, max new tokens, temperature, top-p, top-k, seed, ignore EOS, chat template, gradio request)
+    updates = list(generate("Hello", 5, 0.0, 1.0, 0, -1, True, False, None))
+    assert updates[0][0] == "" and "waiting for the first token" in updates[0][1]
+    texts = [text for text, _ in updates[1:]]
+    assert len(texts) == 5                            # EOS ignored: five tokens, one delta each
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert all("running" in info for _, info in updates[1:-1]) and "done in" in updates[-1][1]
+    whole = client.post("/api/generate", json={"prompt": "Hello", "max_new_tokens": 5, "ignore_eos": True,
+                                               "chat": False}).json()
+    assert whole["output_tokens"] == 5 and texts[-1] == whole["text"]
+    assert [u[1] for u in generate("  ", 5, 0.0, 1.0, 0, -1, True, False, None)][1:] == [
+        '<div class="bs-err" role="alert">Type a prompt first.</div>']
+    over = list(generate("Hello", LIMITS.max_new_tokens + 1, 0.0, 1.0, 0, -1, True, False, None))
+    assert len(over) == 2 and f"over the limit of {LIMITS.max_new_tokens}" in over[-1][1]
 
 
 # ------------------------------------------------------------------------------------------------ load tests
@@ -333,7 +348,7 @@ def wait_idle(state, timeout=10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         s = state.engine.stats()
-        if s["running"] == 0 and s["waiting"] == 0:
+        if s["running"] == 0 and s["queue"] == 0:
             return True
         time.sleep(0.02)
     return False
@@ -495,14 +510,14 @@ def test_ui_is_mounted_at_root_without_shadowing_the_api(recorded):
 
 
 def test_bench_dispatches_with_its_own_finer_options(monkeypatch):
-    import batchscope.app.bench
+    import batchscope.app.bench.run
 
     seen = {}
 
     def fake_main(args):
         seen["args"] = args
         return 0
-    monkeypatch.setattr(batchscope.app.bench, "main", fake_main)
+    monkeypatch.setattr(batchscope.app.bench.run, "main", fake_main)
     assert cli_main(["bench", "--model", "tiny-random", "--modes", "async", "--requests", "4", "--out", "b.json",
                      "--repeats", "3"]) == 0
     args = seen["args"]
@@ -515,7 +530,7 @@ def test_the_status_line_says_when_decode_runs_without_graphs_and_when_ranks_spl
     """engine.info's cuda_graphs_note and tensor parallel size reach the page's status line (escaped)."""
     from types import SimpleNamespace
 
-    from batchscope.app.ui_html import engine_notes
+    from batchscope.app.ui.page_html import engine_notes
 
     plain = SimpleNamespace(engine=SimpleNamespace(info={"cuda_graphs": True, "cuda_graphs_note": None,
                                                          "tensor_parallel_size": 1}))

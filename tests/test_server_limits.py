@@ -15,12 +15,12 @@ import psutil
 import pytest
 import websockets
 
-from batchscope.app.bursts import BurstManager
-from batchscope.app.schemas import BurstSpec, Limits
+from batchscope.app.loadtest.manager import BurstManager
+from batchscope.app.loadtest.specs import BurstSpec, Limits
 from batchscope.app.server import MAX_BODY_BYTES, MAX_REPLAY_BYTES, ServerThread, create_app
-from batchscope.app.errors import BusyError, ShuttingDownError
-from batchscope.app.replay import MAX_JSON_DEPTH, json_depth_over
-from batchscope.app.state import AppState
+from batchscope.app.server.errors import BusyError, ShuttingDownError
+from batchscope.app.server.replay import MAX_JSON_DEPTH, json_depth_over
+from batchscope.app.server.state import AppState
 from batchscope.engine import Engine, EngineConfig
 from batchscope.engine.request import TokenDelta
 from batchscope.telemetry import Telemetry, validate_timeline
@@ -357,7 +357,7 @@ class FakeEngine:
         self.handles = []
 
     def stats(self):
-        return {"waiting": 0, "running": 0}
+        return {"queue": 0, "running": 0}
 
     def submit(self, ids, params):
         self.handles.append(FakeHandle())

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import serve_subprocess
 
-from batchscope.app import cli, soak
+from batchscope.app import cli
+from batchscope.app.soak import run as soak
 
 
 def free_port() -> int:

@@ -28,9 +28,9 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 from conftest import serve_subprocess, tiny_app_server  # noqa: E402
 
-from batchscope.app.schemas import Limits  # noqa: E402
+from batchscope.app.loadtest.specs import Limits  # noqa: E402
 from batchscope.app.server import ServerThread, create_app  # noqa: E402
-from batchscope.app.state import AppState  # noqa: E402
+from batchscope.app.server.state import AppState  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "benchmarks/results/2026-11-29-h200/demo.timeline.json"

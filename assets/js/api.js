@@ -9,7 +9,7 @@ export function withToken(path) {
   return path + (path.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(TOKEN);
 }
 
-// Every refusal from /api carries {"error": reason} (app/errors.py); anything else is a transport failure.
+// Every refusal from /api carries {"error": reason} (app/server/errors.py); anything else is a transport failure.
 function errorText(body, res) {
   if (body && body.error) return String(body.error);
   return res.status + " " + (res.statusText || "error");

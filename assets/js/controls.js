@@ -214,7 +214,7 @@ export function backToLive() {
 // ---------------------------------------------------------------- the mode lock
 // While an A/B runs the server refuses mode switches (POST /api/mode answers 409 with the reason): the toggle is
 // greyed out and says why. GET /api/mode tells {mode, locked, reason}; it is polled because the A/B may have been
-// started by any client, and looked at again right after this page starts one (app/ui.py calls soon()).
+// started by any client, and looked at again right after this page starts one (app/ui/load_tab.py calls soon()).
 const MODE_BUTTONS = ["bs-mode-sync", "bs-mode-async"];
 const LOCK_POLL_MS = 2000;
 let lockShown = null;

@@ -1,4 +1,4 @@
-/* The sticky header (#bs-header, rendered by app/ui_html.py): the mode badge and its sync/async toggle, the live
+/* The sticky header (#bs-header, rendered by app/ui/page_html.py): the mode badge and its sync/async toggle, the live
  * counters, and the status line. The server's messages and /api/status keep it current. While the charts show
  * a replay, the header describes the replay instead (showView): no "live" badge, no toggle, the recording's
  * device and NVML; back to live puts the engine's back. */
@@ -57,7 +57,7 @@ export async function requestMode(m) {
   }
 }
 
-// The engine's counters, named alike in /api/status and in the websocket's "stats" message (app/schemas.py
+// The engine's counters, named alike in /api/status and in the websocket's "stats" message (app/server/schemas.py
 // EngineCounters): `queue` waiting for admission, `running`, and `kv_usage`, the share of KV blocks in use.
 export function showCounters(c) {
   setText("bs-st-running", fmt(c.running));

@@ -1,6 +1,6 @@
 /* batchscope live timelines: the entry module.
  *
- * Loaded from the page <head> (app/ui.py) as <script type="module">. It draws into #bs-scope (a gr.HTML block)
+ * Loaded from the page <head> (app/ui/page.py) as <script type="module">. It draws into #bs-scope (a gr.HTML block)
  * and keeps the sticky header (#bs-header) current. Data comes from the websocket /ws/telemetry (live) or from a
  * timeline JSON (replay); feed.js holds both. Plain ES modules, no build step; Plotly is a classic script the
  * app serves at /batchscope-static/plotly.min.js, so it is window.Plotly here and may arrive after us.

@@ -1,4 +1,4 @@
-/* The per-mode scoreboard (#bs-board, rendered empty by app/ui_html.py): ms/step, decode tok/s, GPU busy % and
+/* The per-mode scoreboard (#bs-board, rendered empty by app/ui/page_html.py): ms/step, decode tok/s, GPU busy % and
  * idle per step for sync and for async side by side, how async compares, and what the sync steps forecast for
  * async (figures.js). Live it covers the newest LIVE_WINDOW_US of each mode's latest stretch, so a switch
  * shows within seconds; in replay it covers the whole recording, per mode, as the replay summary does.

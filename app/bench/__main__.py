@@ -1,0 +1,8 @@
+"""`python -m batchscope.app.bench ...`: the same as `batchscope bench ...`, without the server's packages."""
+import sys
+
+from batchscope.engine.parallel.ranks import leave
+
+from .run import main
+
+sys.exit(leave(main()))

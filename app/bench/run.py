@@ -1,0 +1,296 @@
+"""`batchscope bench`: batchscope's sync and async loops (and transformers' own continuous batching) on one fixed
+workload, each set against the memory-bandwidth floor of a decode step.
+
+    python -m batchscope.app.bench --model llama3-8b-random --requests 32 --prompt-tokens 256 --new-tokens 512 \
+        --modes sync,async --baseline transformers --out bench.json
+
+What it does, in order (docs/BENCHMARKS.md has the method in full):
+  1. times a large device-to-device copy (bytes read + written) -> the copy bandwidth, and a large GEMM -> the
+     compute peak the roofline floor uses (in a short burst, and again held after 1.5 s of load: the clock a
+     power-limited GPU keeps);
+  2. loads one Engine, attaches telemetry, warms every mode up on the real prompts (a few tokens, not timed);
+  3. loads the same weights once more for transformers' `generate_batch` (sdpa) and warms each variant up;
+  4. runs every system once per repeat, the order reversed on every other repeat, on the same seeded prompts
+     (`--prompt-tokens` random ids each, `--new-tokens` greedy tokens with EOS ignored, so lengths are fixed);
+  5. writes the JSON (`--out`) and one batchscope.timeline/1 file per run next to it, and prints a table of medians.
+
+Here: the order of work and the result. The options are in options.py, the systems it times in systems.py, the
+floor in floor.py, the printed table and the token check in report.py. Like them it imports only engine,
+telemetry, torch, transformers and tqdm, so it runs where the server's packages (gradio, fastapi, ...) are not
+installed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import gc
+import importlib.metadata
+import json
+import math
+import random
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from batchscope.engine import EngineConfig
+from batchscope.engine.config import MODES
+
+from .floor import measure_bandwidth, workload_floors
+from .options import build_parser, complete
+from .report import _digest, _median, disagreeing_runs, format_table
+from .systems import METRICS, TF_VARIANTS, BatchscopeRunner, TransformersRunner, nvml_window
+
+BENCH_SCHEMA = "batchscope.bench/1"
+TP_BASELINE_SKIPPED = ("transformers' tensor-parallel path (tp_plan='auto') runs under torchrun, one process per "
+                       "GPU, from a checkpoint on disk: benchmarks/transformers_tp.py measures it on its own")
+
+
+def _say(msg: str) -> None:
+    print(f"batchscope bench: {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- the benchmark
+
+def plan_order(labels: list[str], repeats: int) -> list[tuple[int, str]]:
+    """(repeat, label) in run order: forward on even repeats, reversed on odd ones, so no system always goes
+    first (or always runs on a GPU warmed by the one before)."""
+    return [(r, label) for r in range(repeats) for label in (labels if r % 2 == 0 else labels[::-1])]
+
+
+def default_max_batch_tokens(requests: int, prompt_tokens: int) -> int:
+    """Enough to prefill every prompt in one step (plus decodes), kept within [2048, 8192]."""
+    return min(max(2048, requests * (prompt_tokens + 1)), 8192)
+
+
+def make_prompts(requests: int, prompt_tokens: int, vocab: int, seed: int) -> list[list[int]]:
+    """Random token ids, the same for every run of a given seed."""
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(requests)]
+
+
+def run_benchmark(args) -> dict:
+    args = complete(args)
+    from batchscope.engine.model.loading import resolve_device
+
+    device = resolve_device(args.device)
+    show = not args.no_progress
+    _say(f"measuring copy bandwidth on {device}")
+    bandwidth = measure_bandwidth(device, args.bandwidth_mib)
+    _say(f"copy bandwidth {bandwidth['gbps']:.1f} GB/s (read + write)")
+    per_request = args.prompt_tokens + args.new_tokens
+    config = _engine_config(args, per_request)
+    _say(f"loading {args.model} on {device}")
+    bs = BatchscopeRunner(config, not args.no_telemetry, bandwidth["gbps"], show)
+    tf = None
+    try:
+        info = bs.engine.info
+        if per_request > info["max_model_len"]:
+            raise ValueError(f"prompt + new tokens ({per_request}) exceed the model's {info['max_model_len']}")
+        prompts = make_prompts(args.requests, args.prompt_tokens, info["vocab_size"], args.seed)
+        _say(f"measuring the GEMM peak on {device}")
+        floor = workload_floors(bs.engine.model, info, args.requests, args.prompt_tokens, args.new_tokens,
+                                bandwidth["gbps"])
+        held = floor["gemm_peak"]["held_tflops"]
+        _say(f"GEMM peak {floor['gemm_peak']['tflops']:.1f} TFLOP/s ({floor['gemm_peak']['dtype']})"
+             + (f", {held:.1f} held under sustained load" if held else ""))
+        labels = list(args.modes)
+        skipped = {}
+        if args.baseline == "transformers" and config.tensor_parallel_size > 1:
+            skipped["transformers"] = TP_BASELINE_SKIPPED
+            _say(f"skipping the transformers baseline: {TP_BASELINE_SKIPPED}")
+        elif args.baseline == "transformers":
+            _say("loading the same weights for transformers' generate_batch (sdpa)")
+            tf = TransformersRunner(config, config.max_batch_tokens, per_request, args.requests, show,
+                                    bs.engine.model)
+            labels += _baseline_labels(tf, skipped)
+        _warm_up(args, bs, tf, labels, prompts)
+        order = plan_order(labels, args.repeats)
+        runs = []
+        for i, (rep, label) in enumerate(order):
+            _say(f"run {i + 1}/{len(order)}: {label}" + (f" (repeat {rep + 1})" if args.repeats > 1 else ""))
+            # Earlier runs' tokens and timelines stay until the report: out of the collector's walk, so that a
+            # full collection during this run does not stall the engine for them (it did, 50-270 ms, at repeats).
+            gc.collect()
+            gc.freeze()
+            runs.append(_timed_run(args, bs, tf, rep, label, prompts, floor))
+        result = _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf)
+    finally:
+        if tf is not None:
+            tf.close()
+        bs.close()
+    return result
+
+
+def _engine_config(args, per_request: int) -> EngineConfig:
+    """One engine for every batchscope run: room for every request at once, the first mode to start with."""
+    block_size = EngineConfig.block_size
+    max_batch_tokens = args.max_batch_tokens or default_max_batch_tokens(args.requests, args.prompt_tokens)
+    num_blocks = args.num_blocks or args.requests * (math.ceil(per_request / block_size) + 1)
+    return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.modes[0],
+                        block_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
+                        max_running=args.requests, seed=args.seed,
+                        tensor_parallel_size=args.tensor_parallel_size).validate()
+
+
+def _baseline_labels(tf: TransformersRunner, skipped: dict) -> list[str]:
+    """The transformers variants this install and device can run; the others go into `skipped` with why."""
+    if not tf.same_weights:
+        _say("warning: transformers' copy of the model has different weights from the engine's")
+    labels = []
+    for label in TF_VARIANTS:
+        reason = tf.skip_reason(label)
+        if reason:
+            skipped[label] = reason
+            _say(f"skipping {label}: {reason}")
+        else:
+            labels.append(label)
+    return labels
+
+
+def _warm_up(args, bs: BatchscopeRunner, tf: TransformersRunner | None, labels: list[str], prompts) -> None:
+    warm = min(args.warmup_tokens, args.new_tokens)
+    _say(f"warming up ({warm} new tokens per request, not timed): {', '.join(labels)}")
+    for label in labels:
+        if label in MODES:
+            bs.warm_up(label, prompts, warm)
+        else:
+            tf.run(label, prompts, warm)
+
+
+def _timed_run(args, bs: BatchscopeRunner, tf: TransformersRunner | None, rep: int, label: str, prompts,
+               floor: dict) -> dict:
+    """One run's metrics; its timeline (if telemetry is on) is written next to --out."""
+    name = label if args.repeats == 1 else f"{label}.r{rep + 1}"
+    if label in MODES:
+        m, timeline = bs.run(label, name, prompts, args.new_tokens)
+    else:
+        if bs.tel is not None:       # the sampler keeps sampling NVML while transformers runs
+            bs.tel.start_recording(name)
+        m = tf.run(label, prompts, args.new_tokens)
+        timeline = None
+        if bs.tel is not None:
+            bs.tel.stop_recording()
+            nv, timeline = nvml_window(bs.tel, name, m.pop("decode_window"))
+            m.update(nv)
+        else:
+            m.pop("decode_window")
+    m.update(label=label, repeat=rep, floor_ms_per_step=floor["ms_per_step"],
+             roofline_ms_per_step=floor["roofline"]["ms_per_step"],
+             roofline_held_ms_per_step=floor["roofline_held"]["ms_per_step"])
+    if timeline is not None:
+        m["timeline"] = str(_write_json(_timeline_path(args.out, name), timeline))
+    return m
+
+
+def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) -> dict:
+    """Per-run metrics plus medians per label, floor % and speedups, token agreement, and the set-up."""
+    reference = runs[0]["token_ids"]     # the first timed run, for the agreement check
+    for m in runs:
+        same = sum(a == b for a, b in zip(m["token_ids"], reference))
+        m["tokens_agree_with_first_run"] = same / len(reference) if reference else None
+        m["tokens_digest"] = _digest(m["token_ids"])
+    results = {}
+    for label in dict.fromkeys(m["label"] for m in runs):
+        mine = [m for m in runs if m["label"] == label]
+        med = {k: _median(m.get(k) for m in mine) for k in METRICS if k != "speedup"}
+        med.update(system=mine[0]["system"], mode=mine[0]["mode"], repeats=len(mine),
+                   lengths_ok=all(m["lengths_ok"] for m in mine))
+        if mine[0].get("ranks"):        # tensor parallel: every GPU's busy % and NVML mean, medians
+            med["ranks"] = [{"rank": r["rank"], "gpu": r.get("gpu"),
+                             **{k: _median(m["ranks"][i].get(k) for m in mine if m.get("ranks"))
+                                for k in ("busy_pct", "gpu_util_mean")}}
+                            for i, r in enumerate(mine[0]["ranks"])]
+        results[label] = med
+    for m in list(runs) + list(results.values()):
+        ms, fl, roof = m.get("decode_ms_per_step"), m.get("floor_ms_per_step"), m.get("roofline_ms_per_step")
+        # % of floor: the share of the bandwidth limit reached (100 = a step as fast as streaming its bytes once)
+        m["floor_pct"] = round(100.0 * fl / ms, 2) if ms and fl else None
+        m["x_roofline"] = round(ms / roof, 3) if ms and roof else None
+        held = m.get("roofline_held_ms_per_step")
+        m["x_roofline_held"] = round(ms / held, 3) if ms and held else None
+    slowest = max(results, key=lambda k: results[k]["wall_s"])
+    for label, med in results.items():
+        med["speedup"] = results[slowest]["wall_s"] / med["wall_s"] if med["wall_s"] else None
+    for m in runs:
+        m["speedup"] = results[slowest]["wall_s"] / m["wall_s"] if m["wall_s"] else None
+        m.pop("token_ids")
+    return {
+        "schema": BENCH_SCHEMA,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": _command(),
+        "args": {k: v for k, v in vars(args).items() if k != "func"},
+        "device": info["device"], "gpu_name": info.get("gpu_name"),
+        "versions": {"torch": torch.__version__, "transformers": importlib.metadata.version("transformers"),
+                     "cuda": torch.version.cuda},
+        "engine_info": info, "engine_config": dataclasses.asdict(config),
+        "transformers_config": {"num_blocks": tf.num_blocks, "max_batch_tokens": tf.max_batch_tokens,
+                                "attn_implementation": "sdpa", "use_cuda_graph": tf.cuda,
+                                "same_weights": tf.same_weights} if tf else None,
+        "workload": {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
+                     "new_tokens": args.new_tokens, "seed": args.seed, "ignore_eos": True, "greedy": True,
+                     "warmup_tokens": min(args.warmup_tokens, args.new_tokens)},
+        "bandwidth": bandwidth, "floor": floor,
+        "telemetry": not args.no_telemetry,
+        "order": [label if args.repeats == 1 else f"{label}.r{rep + 1}" for rep, label in order],
+        "speedup_vs": slowest,
+        "results": results, "runs": runs, "skipped": skipped,
+        "notes": {
+            "wall_s": "first request's arrival to last request's finish, inside each engine",
+            "floor_pct": "floor_ms_per_step / decode_ms_per_step x 100 (100 = at the memory-bandwidth limit)",
+            "roofline_ms_per_step": "per op class the larger of bytes / copy bandwidth and FLOPs / GEMM peak, "
+                                    "summed, plus the KV read and the all-reduces (floor.roofline has the parts)",
+            "roofline_held_ms_per_step": "the same roofline at the GEMM rate the GPU holds after 1.5 s of GEMMs back "
+                                         "to back (floor.gemm_peak.held_tflops): a GPU at its power limit clocks "
+                                         "down under sustained load; none on CPU",
+            "sm_clock_mhz": "NVML SM clock, and power_w the board's power draw, averaged over the decode window",
+            "gpu_busy_pct": "union of the decode steps' compute spans (CUDA events; host launch spans on CPU) "
+                            "over the decode window; none for transformers, whose loop records no events",
+            "nvml_util_pct": "NVML utilization: the share of a 1/6-1 s window in which any kernel ran; it cannot "
+                             "see sub-millisecond gaps between steps",
+        },
+    }
+
+
+def _command() -> str:
+    """As a user would type it again, whatever path the script ran from (the CLI's own `bench` word dropped)."""
+    args = sys.argv[1:]
+    return shlex.join(["batchscope", "bench", *(args[1:] if args[:1] == ["bench"] else args)])
+
+
+def _timeline_path(out: str, name: str) -> Path:
+    out = Path(out)
+    return out.with_name(f"{out.stem}.{name}.timeline.json")
+
+
+def _write_json(path: Path, obj) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, separators=(",", ":"))   # compact: a long run's timeline has tens of thousands of steps
+    return path
+
+
+def main(args=None) -> int:
+    """Entry point for `batchscope bench` (app/cli.py passes its Namespace) and for `python -m batchscope.app.bench`."""
+    if args is None or isinstance(args, (list, tuple)):
+        args = build_parser().parse_args(args)
+    args = complete(args)
+    try:
+        result = run_benchmark(args)
+    except (ValueError, MemoryError) as exc:     # ConfigError is a ValueError: a bad setting, said plainly
+        _say(f"error: {exc}")
+        return 2
+    _write_json(Path(args.out), result)
+    _say(f"wrote {args.out}" + ("" if result["telemetry"] else " (no timelines: telemetry off)"))
+    bad = [k for k, m in result["results"].items() if not m["lengths_ok"]]
+    print(format_table(result), flush=True)
+    if bad:
+        _say(f"outputs of {', '.join(bad)} did not have the requested lengths")
+        return 1
+    differ = disagreeing_runs(result)
+    if differ:
+        _say(f"runs {', '.join(differ)} gave other tokens than the first batchscope run (tokens_digest)")
+        return 3
+    return 0
+

@@ -1,0 +1,11 @@
+"""The server's routes, one router per concern; app/server/app.py includes them in this order.
+
+    control.py   /api: health, status, the mode switch, one generation
+    load.py      /api: bursts, A/B comparisons, continuous loads
+    timeline.py  /api: timelines (JSON, Perfetto), named recordings, replay
+    openai.py    /v1: OpenAI-compatible completions, chat completions and the model list
+    ws.py        /ws/telemetry: the live feed
+"""
+from . import control, load, openai, timeline, ws
+
+ROUTERS = (control.router, load.router, timeline.router, openai.router, ws.router)

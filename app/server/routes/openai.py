@@ -1,0 +1,207 @@
+"""/v1: OpenAI-compatible completions and chat completions (SSE with `stream: true`), and the model list, so that
+the `openai` client, `vllm bench serve` or GuideLLM can drive the engine."""
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from ..deps import State
+from ..errors import EngineFailure
+from ..state import AppState
+from ..streaming import final_outputs, sse_stream
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
+CHAT_DEFAULT_MAX_TOKENS = 1024      # OpenAI's "until the context ends" is unbounded on random-weight models
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+
+
+class OpenAIBody(BaseModel):
+    model_config = ConfigDict(extra="allow")      # clients send fields we do not use (user, metadata, ...)
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None                      # vLLM extension; -1 or 0 means off
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    ignore_eos: bool = False                      # vLLM extension, used by benchmark clients
+    n: int = 1
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+class CompletionBody(OpenAIBody):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class ChatBody(OpenAIBody):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    tools: list | None = None
+
+
+def _unsupported(body: OpenAIBody) -> None:
+    if body.n != 1:
+        raise ValueError("n must be 1: batchscope returns one choice per prompt")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name):
+            raise ValueError(f"{name} is not supported")
+    if getattr(body, "logprobs", None):
+        raise ValueError("logprobs are not supported")
+    if getattr(body, "echo", False):
+        raise ValueError("echo is not supported")
+    if getattr(body, "best_of", None) not in (None, 1):
+        raise ValueError("best_of is not supported")
+    if getattr(body, "tools", None):
+        raise ValueError("tools are not supported")
+
+
+def _sampling(state: AppState, body: OpenAIBody, prompt_len: int, max_tokens: int | None):
+    stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+    top_k = body.top_k if body.top_k and body.top_k > 0 else 0
+    return state.sampling(prompt_len, max_tokens, 1.0 if body.temperature is None else body.temperature,
+                          1.0 if body.top_p is None else body.top_p, top_k, body.seed, body.ignore_eos, stop)
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _usage_event(body: OpenAIBody, chunk, prompt_tokens: int):
+    """The closing usage chunk of a stream, when the client asked for it."""
+    if not (body.stream_options or {}).get("include_usage"):
+        return None
+    return lambda produced: chunk([], usage=_usage(prompt_tokens, produced))
+
+
+def _error_event(d) -> dict:
+    return {"error": {"message": d.error or "engine error", "type": "server_error", "code": 500}}
+
+
+def _finish(d) -> str | None:
+    return FINISH.get(d.finish_reason) if d.finished else None
+
+
+def _submit_all(state: AppState, ids: list[list[int]], params: list) -> list:
+    handles = []
+    try:
+        for x, p in zip(ids, params):
+            handles.append(state.submit(x, p))
+    except Exception:
+        for h in handles:               # all or nothing: do not leave half a request running
+            h.cancel()
+        raise
+    return handles
+
+
+def _raise_engine_error(outs) -> None:
+    for o in outs:
+        if o.finish_reason == "error":
+            raise EngineFailure(o.error or "engine error")
+
+
+def _message_text(m: ChatMessage) -> dict:
+    if m.content is None or isinstance(m.content, str):
+        return {"role": m.role, "content": m.content or ""}
+    texts = []
+    for part in m.content:
+        if part.type != "text" or part.text is None:
+            raise ValueError(f"message content of type {part.type!r} is not supported (text only)")
+        texts.append(part.text)
+    return {"role": m.role, "content": "".join(texts)}
+
+
+@router.get("/models")
+def models(state: State) -> dict:
+    return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": int(state.started),
+                                        "owned_by": "batchscope"}]}
+
+
+@router.post("/completions")
+async def completions(body: CompletionBody, state: State, request: Request):
+    _unsupported(body)
+    one = isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int))
+    prompts = [body.prompt] if one else list(body.prompt)
+    if not prompts:
+        raise ValueError("prompt is empty")
+    if len(prompts) > state.limits.max_burst_requests:
+        raise ValueError(f"{len(prompts)} prompts in one request, over the limit of {state.limits.max_burst_requests}")
+    ids = [await run_in_threadpool(state.encode, p) for p in prompts]
+    max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    handles = _submit_all(state, ids, [_sampling(state, body, len(x), max_tokens) for x in ids])
+    cid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name
+
+    def chunk(choices: list, **extra) -> dict:
+        return {"id": cid, "object": "text_completion", "created": created, "model": name, "choices": choices,
+                **extra}
+
+    prompt_tokens = sum(map(len, ids))
+    if body.stream:
+        def event(i, d, _) -> dict | None:
+            if d.text or d.finished:
+                return chunk([{"index": i, "text": d.text, "logprobs": None, "finish_reason": _finish(d)}])
+            return None
+        return sse_stream(handles, event, last=_usage_event(body, chunk, prompt_tokens), on_error=_error_event)
+    outs = await final_outputs(handles, request)
+    _raise_engine_error(outs)
+    choices = [{"index": i, "text": o.text, "logprobs": None, "finish_reason": FINISH.get(o.finish_reason)}
+               for i, o in enumerate(outs)]
+    return chunk(choices, usage=_usage(prompt_tokens, sum(len(o.token_ids) for o in outs)))
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatBody, state: State, request: Request):
+    _unsupported(body)
+    messages = [_message_text(m) for m in body.messages]
+    ids = await run_in_threadpool(state.encode_messages, messages)
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    if max_tokens is None:
+        room = (state.engine.info.get("max_model_len") or 10**9) - len(ids)
+        max_tokens = max(1, min(CHAT_DEFAULT_MAX_TOKENS, state.limits.max_new_tokens, room))
+    handle = state.submit(ids, _sampling(state, body, len(ids), max_tokens))
+    cid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name
+
+    def chunk(choices: list, **extra) -> dict:
+        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                "choices": choices, **extra}
+
+    if body.stream:
+        def event(_, d, __) -> dict | None:
+            if d.text or d.finished:
+                return chunk([{"index": 0, "delta": {"content": d.text} if d.text else {}, "logprobs": None,
+                               "finish_reason": _finish(d)}])
+            return None
+        role = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                       "finish_reason": None}])
+        return sse_stream([handle], event, first=role, last=_usage_event(body, chunk, len(ids)),
+                          on_error=_error_event)
+    (out,) = await final_outputs([handle], request)
+    _raise_engine_error([out])
+    return {"id": cid, "object": "chat.completion", "created": created, "model": name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,
+                         "finish_reason": FINISH.get(out.finish_reason)}],
+            "usage": _usage(len(ids), len(out.token_ids))}

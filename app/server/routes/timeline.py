@@ -1,0 +1,58 @@
+"""/api: timelines — the recording so far (JSON, Perfetto), named recordings, and loading one for replay."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from ..deps import State
+from ..errors import NotFoundError
+from ..schemas import RecordingBody, Recordings, RecordingStarted, RecordingStopped, ReplayLoaded
+
+router = APIRouter(prefix="/api", tags=["timelines"])
+
+
+def _download(data: dict, filename: str, download: bool) -> JSONResponse:
+    headers = {"Content-Disposition": f'attachment; filename="{filename}"'} if download else {}
+    return JSONResponse(data, headers=headers)
+
+
+# plain `def` routes: building and serialising a long timeline runs in the thread pool, not on the event loop
+@router.get("/timeline.json")
+def timeline(state: State, recording: str | None = None, download: bool = False):
+    return _download(state.timeline(recording), f"batchscope-{recording or 'timeline'}.json", download)
+
+
+@router.get("/trace.json")
+def perfetto_trace(state: State, recording: str | None = None, download: bool = False):
+    return _download(state.perfetto(recording), f"batchscope-{recording or 'timeline'}.trace.json", download)
+
+
+@router.post("/recording/start")
+def recording_start(state: State, body: RecordingBody | None = None) -> RecordingStarted:
+    return state.start_recording(body.name if body else None)
+
+
+@router.post("/recording/stop")
+def recording_stop(state: State) -> RecordingStopped:
+    return state.stop_recording()
+
+
+@router.get("/recordings")
+def recordings(state: State) -> Recordings:
+    return state.recordings()
+
+
+@router.post("/replay")
+async def replay_upload(request: Request, state: State) -> ReplayLoaded:
+    raw = await request.body()          # BodyLimit has bounded it to MAX_REPLAY_BYTES already
+    if not raw:
+        raise ValueError("send a batchscope.timeline/1 JSON document as the request body")
+    return await run_in_threadpool(state.load_replay, raw)
+
+
+@router.get("/replay.json")
+def replay_download(state: State, download: bool = False):
+    if state.replay is None:
+        raise NotFoundError("no replay loaded: POST a timeline to /api/replay or start with `batchscope replay`")
+    return _download(state.replay, "batchscope-replay.json", download)

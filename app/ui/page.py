@@ -1,0 +1,61 @@
+"""The batchscope page: Gradio Blocks for the controls, assets/js/ (ES modules, entry main.js) for the live charts.
+
+The server mounts it with `gr.mount_gradio_app(app, build_ui(state), path="/", head=HEAD, css=CSS, theme=THEME)`.
+Split of work:
+- Python handlers (generate_tab.py for the Generate tab, load_tab.py for the Load test tab) call AppState for
+  what has a beginning and an end: a streamed generation, a burst, an A/B run, a continuous load. Gradio's queue
+  streams their progress back. page_html.py and load_html.py render the HTML they show. Each handler's first
+  update clears what the last attempt left (an old error) and marks its button busy; its last one gives the
+  button back.
+- assets/js owns everything live: the websocket feed, the charts, the mode toggle (so the page always shows the
+  engine's mode, also when someone switches it through the API), downloads, recordings and replay.
+With `state.engine is None` (`batchscope replay FILE`) the live controls are disabled and the charts show the replay.
+"""
+from __future__ import annotations
+
+from importlib import resources
+
+import gradio as gr
+
+from .generate_tab import generate_tab, wire_generate
+from .load_tab import load_test_tab, wire_load_test
+from .page_html import header_html, replay_html, scope_html
+
+ASSETS = resources.files("batchscope.assets")
+
+# Served by the app: assets/ at /batchscope-static/ (Gradio keeps /static and /assets for itself), plotly.js from
+# the plotly package. Nothing comes from outside. Plotly is a classic script (window.Plotly); the charts are
+# ES modules that import each other relative to main.js, so there is no build step.
+HEAD = ('<script src="/batchscope-static/plotly.min.js"></script>\n'
+        '<script type="module" src="/batchscope-static/js/main.js"></script>')
+CSS = (ASSETS / "style.css").read_text(encoding="utf-8")
+
+# System fonts only: a page that loads no font files starts faster and never reaches outside.
+# Small spacing and text: a dashboard, dense enough that the controls and results fit beside the charts.
+THEME = gr.themes.Default(primary_hue="blue", neutral_hue="slate", spacing_size="sm", text_size="sm", radius_size="sm",
+                          font=["Inter", "ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"],
+                          font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"])
+
+
+def build_ui(state) -> gr.Blocks:
+    """The whole page for an AppState: the header, the side tabs (Replay on a replay-only server, Generate, Load
+    test) and the charts' container."""
+    live = state.engine is not None
+    limits = state.limits
+    with gr.Blocks(title="batchscope", analytics_enabled=False, fill_width=True) as demo:
+        gr.HTML(header_html(state), elem_id="bs-header", js_on_load=None)
+        with gr.Row(equal_height=False, elem_id="bs-main"):
+            with gr.Column(scale=1, min_width=360, elem_id="bs-side"):
+                with gr.Tabs():
+                    if not live:
+                        with gr.Tab("Replay"):
+                            gr.HTML(replay_html(state), js_on_load=None)
+                    with gr.Tab("Generate"):
+                        gen = generate_tab(live, limits)
+                    with gr.Tab("Load test"):
+                        load = load_test_tab(live, limits)
+            with gr.Column(scale=3, min_width=640, elem_id="bs-charts"):
+                gr.HTML(scope_html(state), elem_id="bs-scope-block", js_on_load=None)
+        wire_generate(state, gen)
+        wire_load_test(state, load, demo)
+    return demo
