@@ -51,6 +51,7 @@ class EngineCore:
         self.observers: list = []
         self.step_counter = 0
         self.requested_mode = "async"
+        self.mode_reason: str | None = None     # why the requested mode was asked for, for its ModeChange
         self.closing = False
         self._new_arrivals: list = []
         self._finished: list = []       # (id, reason, prompt, output) since the last trace
@@ -67,8 +68,9 @@ class EngineCore:
         self.inbox.put(("cancel", request_id))
         self.wakeup.set()
 
-    def request_mode(self, mode: str) -> None:
+    def request_mode(self, mode: str, reason: str | None = None) -> None:
         """The running loop returns at its next step boundary (async drains first) and the other one starts."""
+        self.mode_reason = reason
         self.requested_mode = mode
         self.wakeup.set()
 
@@ -102,7 +104,7 @@ class EngineCore:
 
     def mode_changed(self, from_mode: str, to_mode: str) -> None:
         self.flush_traces()
-        self.notify(ModeChange(now(), self.step_counter, from_mode, to_mode))
+        self.notify(ModeChange(now(), self.step_counter, from_mode, to_mode, self.mode_reason))
 
     def flush_traces(self) -> None:
         """Build the held traces and hand them to the observers, in step order. The loops call it where the

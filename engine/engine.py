@@ -79,11 +79,12 @@ class Engine:
     def mode(self) -> str:
         return self._core.requested_mode
 
-    def set_mode(self, mode: str) -> None:
-        """Takes effect at the next step boundary (the async loop drains its in-flight step first)."""
+    def set_mode(self, mode: str, reason: str | None = None) -> None:
+        """Takes effect at the next step boundary (the async loop drains its in-flight step first). `reason`
+        travels with the switch to the observers (an A/B's halves say so on the timeline)."""
         if mode not in LOOPS:
             raise ConfigError(f"mode must be one of {tuple(LOOPS)}, got {mode!r}")
-        self._core.request_mode(mode)
+        self._core.request_mode(mode, reason)
 
     # -- read-only views, for tools and tests that look inside ----------------------------------------------------
     @property

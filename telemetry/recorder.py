@@ -162,7 +162,8 @@ class Recorder:
             self.publish("rank_step", rec)
 
     def _on_mode(self, change: ModeChange) -> None:
-        rec = mode_record(self._us(change.t_ns), change.step, change.from_mode, change.to_mode)
+        rec = mode_record(self._us(change.t_ns), change.step, change.from_mode, change.to_mode,
+                          getattr(change, "reason", None))
         self.mode_changes.append(rec)
         self._to_recording("mode_changes", rec)
         self.publish("mode", rec)

@@ -87,8 +87,11 @@ def request_record(rid: str, arrival_us: float | None, prompt_tokens: int | None
     }
 
 
-def mode_record(t_us: float, step: int, from_mode: str, to_mode: str) -> dict:
-    return {"t_us": t_us, "step": step, "from": from_mode, "to": to_mode}
+def mode_record(t_us: float, step: int, from_mode: str, to_mode: str, reason: str | None = None) -> dict:
+    rec = {"t_us": t_us, "step": step, "from": from_mode, "to": to_mode}
+    if reason:
+        rec["reason"] = reason          # who switched, when not a user (an A/B's warm-up and halves)
+    return rec
 
 
 def span_end(rec: dict) -> float | None:

@@ -100,7 +100,7 @@ MODE_CHANGE = {
     "type": "object",
     "required": ["t_us", "step", "from", "to"],
     "properties": {"t_us": {"type": "number"}, "step": _COUNT, "from": {"enum": ["sync", "async"]},
-                   "to": {"enum": ["sync", "async"]}},
+                   "to": {"enum": ["sync", "async"]}, "reason": {"type": "string"}},
 }
 
 META = {
