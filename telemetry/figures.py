@@ -28,7 +28,8 @@ RECENT_US = 2e6          # the header's window of completed work
 WARMUP_STEPS = 3         # the first steps of every stretch: the pipeline fills, a switch drains
 MIN_STEPS = 20           # matched decode steps per mode before any ratio shows
 PRACTICAL = 0.02         # a ratio within 2% of 1 is "within noise" whatever its interval says
-LIVE_WINDOW_US = 15e6    # live, each mode's figures cover the newest 15 s of its latest stretch
+LIVE_WINDOW_US = 15e6    # live, each mode's figures cover the newest 15 s of its latest stretch...
+MAX_BOARD_STEPS = 1000   # ...and at most its newest 1000 steps (millisecond steps: the board stays cheap)
 Z90 = 1.645
 
 
@@ -258,17 +259,28 @@ def compare(sync_runs, async_runs) -> dict:
     return out
 
 
-def board(steps, live: bool, nvml=(), window_us: float = LIVE_WINDOW_US) -> dict:
-    """The scoreboard: each mode's figures (warm-up left out), the comparison and the async forecast."""
+def board(steps, live: bool, nvml=(), window_us: float = LIVE_WINDOW_US, cache: dict | None = None) -> dict:
+    """The scoreboard: each mode's figures (warm-up left out), the comparison and the async forecast. `cache`
+    (a dict the caller keeps) holds each mode's part by the steps it covered, so the live board recomputes only
+    the mode that is running: the other's stretch is over and its figures cannot change."""
     runs = mode_runs(steps, live, window_us)
     warmup: list = []
-    kept = {}
+    kept, modes = {}, {}
     for mode, rs in runs.items():
-        kept[mode], bands = _cut_warmup([r for r in rs if r])
+        rs = [r[-MAX_BOARD_STEPS:] for r in rs if r] if live else [r for r in rs if r]
+        key = (mode, tuple((r[0]["step"], r[-1]["step"]) for r in rs))
+        part = cache.get(key) if cache is not None else None
+        if part is None:
+            cut, bands = _cut_warmup(rs)
+            fig = stretch_figures(cut, nvml)
+            fig["warmup_steps"] = sum(min(len(r), WARMUP_STEPS) for r in rs)
+            part = (cut, bands, fig)
+            if cache is not None:
+                for k in [k for k in cache if k[0] == mode]:
+                    del cache[k]
+                cache[key] = part
+        kept[mode], bands, modes[mode] = part
         warmup += bands
-    modes = {m: stretch_figures(rs, nvml) for m, rs in kept.items()}
-    for m, rs in runs.items():
-        modes[m]["warmup_steps"] = sum(min(len(r), WARMUP_STEPS) for r in rs if r)
     return {"scope": "live" if live else "recording",
             "window_s": window_us / 1e6 if live else None,
             "warmup_steps_per_stretch": WARMUP_STEPS,

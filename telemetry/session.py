@@ -59,6 +59,7 @@ class Telemetry:
         self.observer_errors = 0
         self.last_observer_error: str | None = None
         self._closed = False
+        self._board_cache: dict = {}        # the live board's figures of a mode whose stretch is over
 
         self.hub = Hub(stats=self._live_stats, board=self.live_board, hz=hub_hz, max_pending=hub_max_pending, max_subscribers=max_subscribers)
         self.collector = CollectorPauses()
@@ -134,21 +135,30 @@ class Telemetry:
 
     # ---- live viewers ----------------------------------------------------------------------------------------
     def hello(self) -> dict:
-        """The first websocket message: who we are, and the last few seconds so a new viewer can draw."""
-        now = self.now_us()
-        since = now - self.recent_s * 1e6
-        steps = [r for r in list(self.recorder.steps)[-4000:] if (span_end(r) or now) >= since]
-        nvml = [s for s in list(self.recorder.nvml) if s["t_us"] >= since]
-        done = [r for r in list(self.recorder.requests) if (r["finish_us"] or now) >= since]
-        ranks = [r for r in list(self.recorder.rank_steps)[-8000:] if (r["compute_us"] or [now, now])[1] >= since]
-        requests = [request_view(r) for r in done[-500:] + self.recorder.active_requests()[-500:]]
+        """The first websocket message: who we are, the last few seconds so a new viewer can draw at once (the page
+        then asks for `history`), and the scoreboard as it stands."""
         status = self.status()
         # model, device, gpu_name and nvml_available: the names /api/status gives the page's status line
         return {"type": "hello", "schema": SCHEMA_ID, "model": self.info.get("model"), "device": self.device,
                 "gpu_name": status["gpu_name"], "nvml_available": bool(status["nvml"]), "info": self.info,
-                "config": self._config(), "mode": self._mode(), "status": status, "t_us": now,
-                "recent": {"steps": steps, "nvml": nvml, "mode_changes": list(self.recorder.mode_changes),
-                           "requests": requests, "rank_steps": ranks}}
+                "config": self._config(), "mode": self._mode(), "status": status, "t_us": self.now_us(),
+                "recent": self.history(self.recent_s), "board": self.live_board()}
+
+    def history(self, seconds: float) -> dict:
+        """The live ring's records of the newest `seconds`: steps, NVML samples, requests (finished in it or still
+        running), mode switches and the other ranks' steps, each as the stream sends them."""
+        now = self.now_us()
+        since = now - seconds * 1e6
+        rec = self.recorder
+        steps = [r for r in list(rec.steps) if (span_end(r) or now) >= since]
+        nvml = [s for s in list(rec.nvml) if s["t_us"] >= since]
+        done = [r for r in list(rec.requests) if (r["finish_us"] or now) >= since]
+        ranks = [r for r in list(rec.rank_steps) if (r["compute_us"] or [now, now])[1] >= since]
+        requests = [request_view(r) for r in done[-2000:] + rec.active_requests()[-500:]]
+        switches = [m for m in list(rec.mode_changes) if m["t_us"] >= since]
+        return {"t_us": now, "since_us": since, "steps": steps, "nvml": nvml, "mode_changes": switches,
+                "requests": requests, "rank_steps": ranks,
+                "kept": {"steps": len(rec.steps), "ring_steps": rec.steps.maxlen}}
 
     def _live_stats(self) -> dict:
         """The body of "stats" messages (on the hub's thread): engine counters plus the last second's rates."""
@@ -171,7 +181,8 @@ class Telemetry:
     def live_board(self) -> dict:
         """The scoreboard over the live ring (figures.board): each mode's newest stretch, warm-up left out."""
         # a copy first: the engine thread appends to the ring while this runs on the hub's
-        return board(list(self.recorder.steps), live=True, nvml=list(self.recorder.nvml)[-2000:])
+        return board(list(self.recorder.steps), live=True, nvml=list(self.recorder.nvml)[-2000:],
+                     cache=self._board_cache)
 
     # ---- recordings, summaries, export -----------------------------------------------------------------------
     def start_recording(self, name: str) -> dict:
