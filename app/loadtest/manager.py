@@ -250,7 +250,7 @@ class BurstManager:
             self._warm_up()
             for mode in ("sync", "async"):
                 ab.phase = mode
-                self.engine.set_mode(mode)
+                self.engine.set_mode(mode, reason=f"A/B {ab.id}: {mode} half")
                 burst = Burst(id=_new_id("b"), spec=ab.spec, total=ab.spec.num_requests, expect_mode=mode)
                 setattr(ab, "sync" if mode == "sync" else "async_", burst)
                 with self._lock:
@@ -264,13 +264,14 @@ class BurstManager:
             s, a = ab.sync.results, ab.async_.results
             if s.output_tokens_per_s > 0:
                 ab.speedup = a.output_tokens_per_s / s.output_tokens_per_s
+            ab.compare = self._compare_halves(ab)
             state = "done"
         except Exception as e:
             error = f"{e}"
         finally:
             ab.phase = None
             try:
-                self.engine.set_mode(original)
+                self.engine.set_mode(original, reason=f"A/B {ab.id}: back to {original}")
             except Exception:
                 pass
             # only now does the lock go: a switch made as soon as it is allowed must not be undone by ours
@@ -284,10 +285,19 @@ class BurstManager:
 
         async def both_modes():
             for mode in ("sync", "async"):
-                self.engine.set_mode(mode)
+                self.engine.set_mode(mode, reason="A/B warm-up")
                 params = SamplingParams(max_new_tokens=4, ignore_eos=True)
                 await asyncio.gather(*(drain(self.engine.submit([1, 2, 3, 4], params)) for _ in range(2)))
         asyncio.run(both_modes())
+
+    def _compare_halves(self, ab) -> dict | None:
+        """Async against sync over the two halves' own steps, as the scoreboard compares them (matched decode
+        steps, warm-up left out, an interval and a verdict): telemetry's board over the window both halves
+        span."""
+        if self.telemetry is None or not (ab.sync.results.window_us and ab.async_.results.window_us):
+            return None
+        summary = self.telemetry.summary(ab.sync.results.window_us[0], ab.async_.results.window_us[1])
+        return (summary.get("board") or {}).get("compare")
 
     def _run_burst(self, burst: Burst) -> None:
         plan = plan_burst(burst.spec, self.vocab_size)

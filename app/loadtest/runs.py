@@ -85,6 +85,7 @@ class ABRun:
     sync: Burst | None = None
     async_: Burst | None = None
     speedup: float | None = None
+    compare: dict | None = None         # the halves' steps compared as the scoreboard compares (figures.compare)
     error: str | None = None
     created: float = field(default_factory=time.time)
 
@@ -97,7 +98,8 @@ class ABRun:
                         async_=self.async_.results if self.async_ else None,
                         sync_burst=self.sync.id if self.sync else None,
                         async_burst=self.async_.id if self.async_ else None,
-                        speedup=self.speedup, error=self.error, requests_per_half=self.spec.num_requests,
+                        speedup=self.speedup, compare=self.compare, error=self.error,
+                        requests_per_half=self.spec.num_requests,
                         half_done=halves[-1].done if halves else 0, mode_changes=changes, valid=not changes)
 
 

@@ -164,3 +164,5 @@ class ReplayLoaded(BaseModel):
     steps: int
     requests: int
     meta: dict[str, Any]
+    # the scoreboard of the whole recording, per mode (telemetry/figures.py board), as the page shows it
+    board: dict[str, Any] | None = None

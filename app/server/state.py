@@ -68,7 +68,7 @@ class AppState:
     def from_replay_file(cls, path: str | Path, limits: Limits | None = None) -> AppState:
         """Replay-only: no model, the UI shows a recorded timeline. Raises TimelineError if the file is bad. A
         local file has no size limit (that is the way to replay one over MAX_REPLAY_BYTES)."""
-        return cls(limits=limits, replay=read_timeline_file(path))
+        return cls(limits=limits, replay=with_board(read_timeline_file(path)))
 
     def begin_shutdown(self) -> None:
         """The server is going down: refuse new work, cancel bursts and every request in flight, so that open
@@ -323,11 +323,38 @@ class AppState:
         if not self._replay_lock.acquire(blocking=False):
             raise BusyError("another timeline is being loaded for replay; retry when it is done")
         try:
-            self.replay = accept_timeline(obj)
+            replay = accept_timeline(obj)
+            with_board(replay)
+            self.replay = replay
         finally:
             self._replay_lock.release()
         return ReplayLoaded(loaded=True, steps=len(self.replay.get("steps", [])),
-                            requests=len(self.replay.get("requests", [])), meta=self.replay.get("meta", {}))
+                            requests=len(self.replay.get("requests", [])), meta=self.replay.get("meta", {}),
+                            board=self.replay["summary"].get("board"))
+
+    def replay_perfetto(self) -> dict:
+        """The loaded replay as a Perfetto trace: what a replay-only server (or a page showing a replay) exports."""
+        from batchscope.telemetry import to_perfetto
+
+        if self.replay is None:
+            raise NotFoundError("no replay loaded: POST a timeline to /api/replay or start with `batchscope replay`")
+        return to_perfetto(self.replay)
+
+    def history(self, seconds: float) -> dict:
+        """The live ring's newest `seconds` (steps, requests, NVML, every mode switch), for a viewer that joins
+        late: the page's windows then hold what the server kept, not only what this viewer saw."""
+        return self._need_telemetry().history(seconds)
+
+
+def with_board(timeline: dict) -> dict:
+    """A timeline's summary with the scoreboard in it: recordings made before the board existed get it computed
+    here, once, so the page never computes figures itself."""
+    summary = timeline.setdefault("summary", {})
+    if not isinstance(summary.get("board"), dict):
+        from batchscope.telemetry.figures import board
+
+        summary["board"] = board(timeline.get("steps", []), live=False, nvml=timeline.get("nvml", []))
+    return timeline
 
 
 def rss_mb() -> float | None:

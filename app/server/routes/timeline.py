@@ -51,6 +51,19 @@ async def replay_upload(request: Request, state: State) -> ReplayLoaded:
     return await run_in_threadpool(state.load_replay, raw)
 
 
+@router.get("/history")
+def history(state: State, seconds: float = 180.0):
+    """The live ring's newest seconds for a viewer that joins late (at most what the server keeps)."""
+    if not 0 < seconds <= 3600:
+        raise ValueError(f"seconds must be in (0, 3600], got {seconds:g}")
+    return state.history(seconds)
+
+
+@router.get("/replay/trace.json")
+def replay_trace(state: State, download: bool = False):
+    return _download(state.replay_perfetto(), "batchscope-replay.trace.json", download)
+
+
 @router.get("/replay.json")
 def replay_download(state: State, download: bool = False):
     if state.replay is None:
