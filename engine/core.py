@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .batch import read_record
 from .profiling import Profiling
 from .request import Request, RequestHandle, TokenDelta
 from .runner import Launched, ModelRunner
@@ -193,7 +194,7 @@ class EngineCore:
                 tokens = self.runner.wait(step.launched)
             t1 = now()
             with marks.range("update", step.plan):
-                delivered = self._update(step.plan, tokens)
+                delivered = self._update(step.plan, tokens, self.runner.logprobs(step.launched))
         except Exception as exc:
             self.fail(step, exc)
             return
@@ -203,7 +204,8 @@ class EngineCore:
         self._trace(step, delivered, None)
         marks.consumed(step.plan.step)
 
-    def _update(self, plan: StepPlan, tokens: list[int]):
+    def _update(self, plan: StepPlan, tokens: list[int], records):
+        """The step's tokens (and, from an extras step, their logprobs records) into their requests."""
         delivered = []
         t = now()
         for row, seq in enumerate(plan.sampled):
@@ -213,6 +215,10 @@ class EngineCore:
                 continue                 # learned one step late (EOS/stop/cancel): this extra token is dropped
             tok = tokens[row]
             req.output_ids.append(tok)
+            if req.output_logprobs is not None:
+                chosen, top = read_record(records[row], req.params.logprobs)
+                req.output_logprobs.append(chosen)
+                req.output_top_logprobs.append(top)
             if req.first_token_ns is None:
                 req.first_token_ns = t
             delivered.append((req.id, 1))
@@ -227,7 +233,7 @@ class EngineCore:
             handle = self.handles.get(req.id)
             if reason is None:
                 if handle is not None and handle.streaming:
-                    handle.deliver(TokenDelta([tok], ""))
+                    handle.deliver(TokenDelta([tok], "", **_latest_logprobs(req, 1)))
             else:
                 self._finish(req, reason, last_token=tok, text_cut=cut)
         return delivered
@@ -242,7 +248,8 @@ class EngineCore:
         self.requests.pop(req.id, None)
         if handle is not None:
             toks = [last_token] if last_token is not None and handle.streaming else []
-            handle.deliver(TokenDelta(toks, "", True, reason, error), req.output(self.detokenize))
+            handle.deliver(TokenDelta(toks, "", True, reason, error, **_latest_logprobs(req, len(toks))),
+                           req.output(self.detokenize))
 
     def fail(self, step: Step, exc: BaseException) -> None:
         """A step raised: its requests fail with the reason; everyone else keeps going. A later step that
@@ -285,3 +292,11 @@ class EngineCore:
             anchor=la.anchor if la is not None else None,
             built_during_step=step.built_during_step,
             arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted, error=error)
+
+
+def _latest_logprobs(req: Request, n: int) -> dict:
+    """A streamed delta's logprobs fields for the request's latest `n` tokens (none when it did not ask)."""
+    if req.output_logprobs is None:
+        return {}
+    latest = len(req.output_logprobs) - n
+    return {"logprobs": req.output_logprobs[latest:], "top_logprobs": req.output_top_logprobs[latest:]}

@@ -260,6 +260,8 @@ class Engine:
             "dependent_launch": self.attention == "triton" and _launches_early(self.device),
             # why decode runs eagerly although graphs were asked for (None when they run), and how experts run
             "cuda_graphs_note": self.runner.graphs.note, "graph_experts": self.runner.graphs.experts_impl,
+            # the device's token counts for penalties (penalties.py): a row per request that may run at once
+            "penalty_counts_bytes": self.runner.penalties.nbytes,
             "support": self.support,
             "merged_projections": len(self.merged),
             # tensor parallel: weight_bytes, num_kv_heads and num_params above are one rank's share

@@ -78,7 +78,7 @@ class DecodeGraphs:
         """Replay the batch's graph on the compute stream (`start` recorded just before it); False when its
         sampling path runs eagerly (the caller then runs the forward). Never captures: a capture mid-serving would
         stall every request in flight."""
-        key = (batch.slot.index, batch.graph_bucket, sample_path(batch.any_random, batch.any_filter))
+        key = (batch.slot.index, batch.graph_bucket, sample_path(batch.any_random, batch.any_filter, batch.extras))
         graph = self.graphs.get(key)
         if graph is None:
             if key[2] in self.eager_paths:
@@ -121,10 +121,11 @@ class DecodeGraphs:
         slot_index, bucket, path = key
         slot = self.slots[slot_index]
         empty = StepPlan(step=-1, seqs=[], queue_depth=0, running=0)
+        any_random, any_filter, extras = SAMPLE_PATHS[path]
         batch = fill_slot(empty, slot, self.block_size, pad_to=bucket, table_width=self.max_blocks,
-                          scratch_block=self.scratch_block)
+                          scratch_block=self.scratch_block, extras=extras)
         batch.graph_bucket = bucket
-        batch.any_random, batch.any_filter = SAMPLE_PATHS[path]    # padding rows stay greedy
+        batch.any_random, batch.any_filter = any_random, any_filter    # padding rows stay greedy
         n64, n32, nf = batch.sizes
         slot.dev64[:n64].copy_(slot.host64[:n64])
         slot.dev32[:n32].copy_(slot.host32[:n32])
