@@ -39,7 +39,7 @@ class LiveStats:
     steps_per_s: float | None
     tokens_per_s: float | None
     busy_pct_1s: float | None           # event-based busy share over that window (None: no step completed yet)
-    window_s: float | None              # how much completed work the rates cover (up to figures.RECENT_US)
+    window_s: float | None              # how much completed work busy % covers (up to figures.BUSY_US)
     subscribers: int
     error: str | None = None            # the engine could not be asked for its counters
 

@@ -75,6 +75,7 @@ class Status(Health, EngineCounters):
     info: dict[str, Any] | None = None          # the engine's description of itself (model shapes, kernels...)
     bursts_running: int = 0
     loads_running: int = 0                      # continuous loads (POST /api/load)
+    running_load: str | None = None             # the id of the continuous load running, to stop it by
     mode_lock: str | None = None                # why POST /api/mode is refused now (an A/B runs), if it is
     bursts: dict[str, Any] | None = None        # how many bursts run and are kept
     recording: str | None = None                # the named recording running, if any

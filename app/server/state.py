@@ -161,7 +161,8 @@ class AppState:
         return Status(**base, **counters,
                       dtype=info.get("dtype"), gpu_name=info.get("gpu_name") or tel.get("gpu_name"), info=info,
                       bursts_running=self.bursts.running(), bursts=self.bursts.status(), recording=self._recording,
-                      loads_running=1 if self.bursts.running_load() else 0, mode_lock=self.bursts.mode_lock(),
+                      loads_running=1 if self.bursts.running_load() else 0, running_load=self.bursts.running_load(),
+                      mode_lock=self.bursts.mode_lock(),
                       inflight=self._inflight_count(), max_inflight=self.max_inflight, telemetry=tel or None,
                       recordings=tel.get("recordings"), nvml_available=bool(tel.get("nvml")),
                       nvml_reason=tel.get("nvml_reason"), busy_note=tel.get("busy_note") or BUSY_NOTE)

@@ -6,7 +6,12 @@ import { setConn } from "./header.js";
 import { $, note, setText } from "./util.js";
 
 // Controls that need an engine; a replay-only server disables them.
-const LIVE_ONLY = ["bs-rec", "bs-rec-name", "bs-rec-list", "bs-dl-json", "bs-dl-trace", "bs-pause"];
+const LIVE_ONLY = ["bs-rec", "bs-rec-name", "bs-rec-list", "bs-pause"];
+// What the download buttons save: the live recording, or the replay on screen (the server holds the same copy).
+const DOWNLOADS = {
+  live: { json: "/api/timeline.json?download=true", trace: "/api/trace.json?download=true", name: "batchscope-timeline" },
+  replay: { json: "/api/replay.json?download=true", trace: "/api/replay/trace.json?download=true", name: "batchscope-replay" },
+};
 
 function scopeHtml() {
   return `
@@ -79,9 +84,6 @@ function disableLiveOnly() {
   for (const id of LIVE_ONLY) {
     const x = $(id); if (x) { x.setAttribute("disabled", ""); x.classList.add("disabled"); }
   }
-  // the file being replayed is what there is to download
-  $("bs-dl-json").href = withToken("/api/replay.json");
-  $("bs-dl-json").classList.remove("disabled"); $("bs-dl-json").removeAttribute("disabled");
   $("bs-back-live").hidden = true;
   $("bs-rec-group").hidden = true;       // nothing to record without an engine
 }
@@ -94,8 +96,18 @@ export function syncControls() {
     p.classList.toggle("paused", !view.follow);
     p.hidden = view.source !== "live";
   }
-  const want = view.span === Infinity ? "all" : String(view.span / 1e6);
+  // a zoom (a drag on a chart, the switch view) shows no window width: no button stays lit
+  const want = view.zoomed ? "" : view.span === Infinity ? "all" : String(view.span / 1e6);
   for (const b of document.querySelectorAll("#bs-window button")) b.classList.toggle("active", b.dataset.span === want);
+  const dl = DOWNLOADS[view.source === "replay" ? "replay" : "live"];
+  for (const [id, key, ext] of [["bs-dl-json", "json", ".json"], ["bs-dl-trace", "trace", ".trace.json"]]) {
+    const a = $(id);
+    if (!a) continue;
+    const href = withToken(dl[key]);
+    if (a.getAttribute("href") !== href) { a.setAttribute("href", href); a.setAttribute("download", dl.name + ext); }
+    a.title = (view.source === "replay" ? "The replay on screen" : "The live recording so far") +
+      (key === "json" ? ": batchscope.timeline/1 JSON" : ": Chrome Trace Event format, open in ui.perfetto.dev");
+  }
   const bar = $("bs-replay-bar");
   if (bar) bar.hidden = view.source !== "replay";
   if (state.root) state.root.dataset.source = view.source;
@@ -179,7 +191,7 @@ async function loadReplayFile(file) {
   }
   let shown = obj;
   try { shown = await api("/api/replay.json", "GET", undefined, 60000) || obj; } catch (e) { /* use the local copy */ }
-  showReplay(shown, file.name);
+  showReplay(shown, file.name);               // the server's copy carries the board it computed
 }
 
 // meta.model, meta.device and meta.gpu: batchscope.timeline/1 (docs/timeline.md)
@@ -190,12 +202,15 @@ function replayTitle(tl, name) {
     ` · ${tl.steps.length} steps · ${tl.requests.length} requests · ${tl.mode_changes.length} mode switches`;
 }
 
-export function showReplay(obj, name) {
+export function showReplay(obj, name, board) {
   let tl;
   try { tl = normalise(obj); } catch (e) { note("cannot replay: " + e.message, true); return; }
   const view = state.view;
   view.source = "replay";
   view.replay = tl;
+  // the scoreboard of the whole recording: the server's (POST /api/replay answers it; its copy carries it)
+  view.replayBoard = board || (tl.summary && tl.summary.board) || null;
+  state.boardGen++;
   view.replayName = name || "timeline";
   view.follow = false;
   view.span = Infinity;

@@ -39,9 +39,23 @@ export function causeHint(cause) {
   return CAUSE_HINT[cause || "none"] || "";
 }
 
-// "→ sync at step 174": the step is the first one the new loop ran.
+// "→ sync at step 174": the step is the first one the new loop ran; a switch made by an A/B says so.
 export function switchLabel(change) {
-  return "→ " + change.to + (change.step !== undefined && change.step !== null ? " at step " + change.step : "");
+  const at = change.step !== undefined && change.step !== null ? " at step " + change.step : "";
+  return "→ " + change.to + at + (change.reason ? " (" + shortReason(change.reason) + ")" : "");
+}
+
+// "A/B ab-3f2: sync half" -> "A/B sync half": the run id says nothing to a room.
+function shortReason(reason) {
+  return String(reason).replace(/^A\/B [\w-]+: /, "A/B ");
+}
+
+// Several switches too close to label each: one label for all of them.
+export function switchesLabel(changes) {
+  const a = changes[0].step, b = changes[changes.length - 1].step;
+  const steps = a !== undefined && b !== undefined ? ` (steps ${a}–${b})` : "";
+  const ab = changes.some(c => c.reason && /^A\/B/.test(c.reason)) ? " · A/B" : "";
+  return `${changes.length} switches${steps}${ab}`;
 }
 
 // Text colours of the two modes that keep 4.5:1 on white (the chart colours themselves are lighter).
