@@ -266,12 +266,13 @@ def browser():
 
 
 @contextlib.contextmanager
-def tiny_app_server(limits, ui: bool = True):
-    """The app on the tiny-random preset, served from a thread of this process."""
+def tiny_app_server(limits, ui: bool = True, model: str = "tiny-random"):
+    """The app on the tiny-random preset (or another: the embedded smollm2-135m has steps of hundreds of ms on a
+    small CPU, which millisecond steps hide bugs from), served from a thread of this process."""
     from batchscope.app.server import ServerThread, create_app
     from batchscope.app.server.state import AppState
 
-    state = AppState.load(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
+    state = AppState.load(EngineConfig(model=model, device="cpu", dtype="float32", mode="async",
                                        num_blocks=512, max_batch_tokens=512, max_running=32), limits)
     srv = ServerThread(create_app(state, ui=ui)).start()
     try:

@@ -30,8 +30,8 @@ function scopeHtml() {
       </span>
       <span class="bs-group" id="bs-rec-group">
         <input id="bs-rec-name" class="bs-input" placeholder="recording name" size="14">
-        <button id="bs-rec" class="bs-btn" title="Start a named recording">● record</button>
-        <select id="bs-rec-list" class="bs-input" title="Download a named recording"><option value="">recordings…</option></select>
+        <button id="bs-rec" class="bs-btn" title="Start a named recording (kept in this server's memory until it stops: download it to keep it)">● record</button>
+        <select id="bs-rec-list" class="bs-input" title="Download a named recording. Recordings live in this server's memory: they are gone when it stops."><option value="">recordings…</option></select>
       </span>
       <span class="bs-group">
         <button id="bs-load" class="bs-btn" title="Load a downloaded timeline JSON and view it here">⤒ load replay</button>
@@ -153,7 +153,7 @@ export async function refreshRecordings() {
     const options = res.details.map(rec => [rec.name, "⤓ " + rec.name + " · " + rec.steps + " steps"]);
     const key = JSON.stringify(options);
     if (sel.dataset.shown !== key) {        // polled every 10 s: rebuilt only when the list changed
-      sel.innerHTML = `<option value="">recordings (${res.details.length})…</option>`;
+      sel.innerHTML = `<option value="">recordings (${res.details.length}, until the server stops)…</option>`;
       for (const [name, text] of options) {
         const o = document.createElement("option");
         o.value = name;

@@ -12,7 +12,7 @@
  * 1 at 1280x720 up to 3 at 3840x2160). ?present=1 in the address opens the page in it. */
 import { api, withToken } from "./api.js";
 import { showReplay, showModeLock } from "./controls.js";
-import { currentData, headSample, replayRange, state } from "./feed.js";
+import { currentData, headSample, state } from "./feed.js";
 import { requestMode, setConn, showServerCpu, showView } from "./header.js";
 import { updateBoard, verdictHtml } from "./scoreboard.js";
 import { $, esc, fmt, note, setText } from "./util.js";
@@ -177,10 +177,11 @@ export function togglePlay() {
   const view = state.view;
   if (view.source !== "replay") return;
   if (play.on) { play.on = false; syncPlay(); return; }
-  const [lo, hi] = replayRange();
-  play.span = isFinite(view.span) ? view.span : Math.min(10e6, hi - lo);
   const [first, end] = extent(view.replay);
-  play.t = play.t && play.t < end ? play.t : first + Math.min(play.span, end - first);
+  // the window that sweeps: the width chosen, or a fifth of the recording (at "all" nothing would move)
+  play.span = isFinite(view.span) && view.span < end - first ? view.span : Math.max(1e5, Math.min(10e6, (end - first) / 5));
+  // resume where it paused, else from the start
+  play.t = play.t > first + play.span && play.t < end ? play.t : first + play.span;
   play.last = performance.now();
   play.on = true;
   syncPlay();
