@@ -127,3 +127,32 @@ def largest_gaps(steps: list[dict], n: int = 10) -> list[dict]:
                          "causes_ms": by_cause_ms({k: v for k, v in (cur.get("idle_by_cause_us") or {}).items()
                                                    if k != EMPTY})})
     return sorted(rows, key=lambda r: -r["ms"])[:n]
+
+
+def launch_lead(steps: list[dict]) -> dict:
+    """Per kind of step, how far ahead of the GPU the host launched it: the previous step's compute end minus
+    this step's launch end (positive: launched before the GPU was free; negative: the GPU waited that long for the
+    launch). Steps after an empty-queue gap are left out. For the late ones, the mean of their own schedule,
+    fill and launch spans: the host work that did not fit under the previous step's compute."""
+    out: dict[str, dict] = {}
+    for kind in KINDS:
+        leads, late = [], []
+        for prev, cur in zip(steps, steps[1:]):
+            launch = (cur.get("cpu") or {}).get("launch")
+            if (step_kind(cur) != kind or not launch or not prev.get("compute_us") or empty_queue_us(cur) > 0
+                    or cur["step"] != prev["step"] + 1):
+                continue
+            lead = (prev["compute_us"][1] - launch[1]) / 1e3
+            leads.append(lead)
+            if lead < 0:
+                late.append(cur)
+        prep = {p: _mean([_phase_ms(r, p) for r in late]) for p in ("schedule", "fill", "launch")}
+        out[kind] = {"lead_ms": percentiles(leads, (1, 10, 50)), "late": len(late),
+                     "late_share": round(len(late) / len(leads), 4) if leads else None,
+                     "late_prep_ms_mean": prep}
+    return out
+
+
+def _mean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return round(sum(vals) / len(vals), 3) if vals else None
