@@ -134,6 +134,7 @@ def test_table_lists_every_run_and_the_idle(served):
     assert len({len(r) for r in lines[header:header + 5]}) == 1                # aligned
     text = "\n".join(lines)
     assert "idle by cause, ms (largest first):" in text and "  async: " in text and "note: " in text
+    assert "requests whose tokens equal the first run's: sync 1.00, async 1.00, transformers-sync 1.00" in text
 
 
 def test_served_idle_script_reads_the_timelines(served, tmp_path):

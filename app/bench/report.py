@@ -91,6 +91,11 @@ def format_served_table(result: dict) -> str:
             for label, med in result["results"].items() if (med.get("busy") or {}).get("idle_ms_by_cause")
             is not None]
     tail = ([""] + ["idle by cause, ms (largest first):"] + idle) if idle else []
+    agree = [f"{label} {med['tokens_agree_with_first_run']:.2f}" for label, med in result["results"].items()
+             if med.get("tokens_agree_with_first_run") is not None]
+    if agree:
+        tail += ["", "requests whose tokens equal the first run's: " + ", ".join(agree)
+                 + " (in bf16 a request's tokens depend on what shares its batch, which arrival timing sets)"]
     if w.get("baseline_arrivals"):
         tail += ["", f"note: {w['baseline_arrivals']}"]
     tail += [f"skipped {k}: {v}" for k, v in result["skipped"].items()]

@@ -300,7 +300,9 @@ def main(args=None) -> int:
     if bad:
         _say(f"outputs of {', '.join(bad)} did not have the requested lengths")
         return 1
-    differ = disagreeing_runs(result)
+    # served: arrival timing sets the batches, and in bf16 a request's tokens depend on what shares its batch,
+    # so the modes need not agree there; the table says how far they do
+    differ = disagreeing_runs(result) if result["schema"] == BENCH_SCHEMA else []
     if differ:
         _say(f"runs {', '.join(differ)} gave other tokens than the first batchscope run (tokens_digest)")
         return 3
