@@ -97,6 +97,19 @@ def test_each_mode_reports_consistent_figures(served):
         # the first token comes from the prefill step, every later one from a decode row
         assert kinds["decode"]["decode_tokens"] + kinds["prefill"]["decode_tokens"] == planned - N
         assert run["recording"]["full"] is False
+        # the engine's own token times give the same counts as the client's stamps
+        assert run["latency_basis"] == "client"
+        assert run["engine_latency_ms"]["itl"]["n"] == lat["itl"]["n"] and run["engine_latency_ms"]["ttft"]["n"] == N
+
+
+def test_without_streaming_the_latencies_are_the_engines(served):
+    from batchscope.app.bench.served_figures import latency_from_engine
+
+    run = json.loads(json.dumps(_ours(served[2])[1]))
+    m = latency_from_engine(run)
+    assert m["latency_basis"] == "engine" and m["latency_ms"] == run["engine_latency_ms"]
+    itl = m["latency_ms"]["itl"]
+    assert m["itl_p99_over_p50"] == pytest.approx(itl["p99"] / itl["p50"], rel=1e-2)
 
 
 def test_each_batchscope_run_saves_its_timeline(served):
@@ -161,6 +174,8 @@ def test_served_idle_script_reads_the_timelines(served, tmp_path):
     (["--prompt-tokens", "8:16"], "need --workload served"),
     (["--max-running", "4"], "need --workload served"),
     (["--workload", "served", "--rate", "5", "--burstiness", "0.5"], "needs --arrival gamma"),
+    (["--no-stream"], "need --workload served"),
+    (["--workload", "served", "--rate", "5", "--no-stream", "--no-telemetry"], "it needs telemetry"),
 ])
 def test_bad_combinations_are_refused_plainly(extra, says, tmp_path, capsys):
     out = tmp_path / "x.json"
@@ -238,3 +253,51 @@ def test_served_bench_imports_no_server_packages():
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+class _FakeEngine:
+    """Answers each request on its own thread, a token per millisecond, streaming or not, like Engine does."""
+
+    def __init__(self):
+        self.submitted = []
+
+    def submit(self, prompt, params, stream=True):
+        import threading
+        import time
+
+        from batchscope.engine.request import RequestHandle, RequestOutput, TokenDelta
+
+        handle = RequestHandle(f"r{len(self.submitted)}", self, streaming=stream)
+        self.submitted.append((list(prompt), params.max_new_tokens, stream))
+        arrival = time.perf_counter_ns()
+
+        def answer():
+            toks = []
+            for i in range(params.max_new_tokens):
+                time.sleep(0.001)
+                toks.append(i)
+                if i + 1 < params.max_new_tokens and stream:
+                    handle.deliver(TokenDelta([i], ""))
+            now = time.perf_counter_ns()
+            out = RequestOutput(handle.id, list(prompt), toks, "length", None, arrival, arrival, now)
+            handle.deliver(TokenDelta([toks[-1]] if stream else [], "", True, "length"), out)
+        threading.Thread(target=answer, daemon=True).start()
+        return handle
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_drive_sends_the_plan_on_time_and_collects_every_token(stream):
+    from batchscope.app.bench.served import drive
+
+    ns = settle_workload(bench.complete(bench.build_parser().parse_args(ARGS[:12] + ["--rate", "400"])))
+    plan = plan_requests(ns, 1000)
+    eng = _FakeEngine()
+    sent, start_ns, end_ns = drive(eng, plan, stream)
+    assert [(p, n) for p, n, _ in eng.submitted] == [(p.prompt, p.max_new_tokens) for p in plan]
+    assert {s for *_, s in eng.submitted} == {stream}
+    assert all(s.timing.sent_ns >= s.due_ns and s.due_ns == start_ns + int(s.plan.offset_s * 1e9) for s in sent)
+    assert [len(s.output.token_ids) for s in sent] == [p.max_new_tokens for p in plan]
+    assert [s.timing.output_tokens for s in sent] == [p.max_new_tokens for p in plan]
+    assert all(s.timing.finish_reason == "length" and s.timing.finish_ns <= end_ns for s in sent)
+    # streamed: a chunk per token as it came; not streamed: the whole output at its finish
+    assert all(len(s.timing.chunks) == (s.plan.max_new_tokens if stream else 1) for s in sent)

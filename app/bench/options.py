@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arrival", default=None, choices=ARRIVALS, help="served: the arrival process (default poisson)")
     p.add_argument("--burstiness", type=positive_float, default=None,
                    help="served, gamma arrivals: the gaps' shape (1 is Poisson, < 1 burstier, > 1 more regular)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="served: submit without streaming (no reader thread); latencies from the engine's own "
+                        "token times in the timeline")
     p.add_argument("--max-running", type=positive_int, default=None,
                    help="served: requests the engine runs at once (default 64, as `batchscope serve`); the "
                         "uniform workload runs every request at once")
@@ -126,12 +129,15 @@ def settle_workload(ns: argparse.Namespace) -> argparse.Namespace:
         given = [f"--{k.replace('_', '-')}" for k in SERVED_ONLY if getattr(ns, k, None) is not None]
         ranged = [f"--{k.replace('_', '-')}" for k in ("prompt_tokens", "new_tokens")
                   if isinstance(getattr(ns, k), tuple)]
+        given += ["--no-stream"] if getattr(ns, "no_stream", False) else []
         if given or ranged:
             raise ValueError(f"{', '.join(given + [f'{r} MIN:MAX' for r in ranged])} need --workload served "
                              "(the uniform workload submits every request at once, all of one length)")
         return ns
     if ns.rate is None:
         raise ValueError("--workload served needs --rate (mean arrivals per second)")
+    if ns.no_stream and ns.no_telemetry:
+        raise ValueError("--no-stream takes its token times from the timeline: it needs telemetry (no --no-telemetry)")
     ns.arrival = ns.arrival or "poisson"
     if ns.burstiness is not None and ns.arrival != "gamma":
         raise ValueError("--burstiness shapes gamma arrivals: it needs --arrival gamma")

@@ -96,6 +96,8 @@ def format_served_table(result: dict) -> str:
     if agree:
         tail += ["", "requests whose tokens equal the first run's: " + ", ".join(agree)
                  + " (in bf16 a request's tokens depend on what shares its batch, which arrival timing sets)"]
+    if w.get("streamed") is False:
+        tail += ["", "sent without streaming (--no-stream): latencies are the engine's own token times"]
     if w.get("baseline_arrivals"):
         tail += ["", f"note: {w['baseline_arrivals']}"]
     tail += [f"skipped {k}: {v}" for k, v in result["skipped"].items()]

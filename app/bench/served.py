@@ -7,7 +7,8 @@ back, as a server's clients would see them, but in-process (no HTTP: the GPU mac
 - `drive`: a sender thread submits each request at its planned offset (time.sleep to the due time, then
   Engine.submit); a reader thread runs one asyncio loop that follows every request's `astream()` and stamps each
   chunk of tokens on arrival, as the server's event loop does (app/loadtest/sender.py). EOS is ignored, so every
-  request runs to its planned length.
+  request runs to its planned length. Without streaming (`--no-stream`) there is no reader: each request comes
+  back whole, and its token times are the engine's own, from the timeline.
 - `run_mode`: one timed run in one mode, telemetry recording it; returns the client-side timings and the
   timeline.
 
@@ -95,7 +96,8 @@ async def _follow(handle, t: RequestTiming) -> None:
 
 
 def _send(engine, plan: list[PlannedRequest], start_ns: int, loop, sent: list[Sent], follows: list) -> None:
-    """The sender thread: each request at its offset after start_ns, handed to the reader's loop at once."""
+    """The sender thread: each request at its offset after start_ns, handed to the reader's loop at once (with
+    no loop, submitted without streaming)."""
     for p in plan:
         due = start_ns + int(p.offset_s * 1e9)
         while (delay := due - time.perf_counter_ns()) > 0:
@@ -104,19 +106,22 @@ def _send(engine, plan: list[PlannedRequest], start_ns: int, loop, sent: list[Se
                  list(p.prompt), p.max_new_tokens)
         sent.append(s)
         try:
-            handle = engine.submit(s.prompt, _params(p))
+            handle = engine.submit(s.prompt, _params(p), stream=loop is not None)
         except Exception as e:          # counted as failed; the rest of the plan still goes
             s.error = s.timing.error = f"{type(e).__name__}: {e}"
             continue
-        follows.append((s, handle, asyncio.run_coroutine_threadsafe(_follow(handle, s.timing), loop)))
+        fut = asyncio.run_coroutine_threadsafe(_follow(handle, s.timing), loop) if loop is not None else None
+        follows.append((s, handle, fut))
 
 
-def drive(engine, plan: list[PlannedRequest]) -> tuple[list[Sent], int, int]:
+def drive(engine, plan: list[PlannedRequest], stream: bool = True) -> tuple[list[Sent], int, int]:
     """Send the plan, wait for every request to finish. -> (sent, in plan order; start ns; end ns), where start is
-    the plan's time zero and end the last request's finish as the reader saw it."""
-    loop = asyncio.new_event_loop()
-    reader = threading.Thread(target=loop.run_forever, name="bench-reader", daemon=True)
-    reader.start()
+    the plan's time zero and end the last request's finish. `stream=False`: no reader; each request's output
+    comes back whole, and its timing holds one chunk at its finish (its token times are the timeline's)."""
+    loop = asyncio.new_event_loop() if stream else None
+    reader = threading.Thread(target=loop.run_forever, name="bench-reader", daemon=True) if stream else None
+    if reader is not None:
+        reader.start()
     sent: list[Sent] = []
     follows: list = []
     start_ns = time.perf_counter_ns()
@@ -127,26 +132,37 @@ def drive(engine, plan: list[PlannedRequest]) -> tuple[list[Sent], int, int]:
         sender.join()
         for s, handle, fut in follows:
             try:
-                fut.result()
+                if fut is not None:
+                    fut.result()
                 s.output = handle.result()
             except Exception as e:
                 s.error = s.timing.error = s.timing.error or f"{type(e).__name__}: {e}"
+            if fut is None and s.output is not None:
+                _whole(s.timing, s.output)
     finally:
-        loop.call_soon_threadsafe(loop.stop)
-        reader.join(timeout=10)
-        loop.close()
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            reader.join(timeout=10)
+            loop.close()
     ends = [s.timing.finish_ns for s in sent if s.timing.finish_ns is not None]
     return sent, start_ns, max(ends, default=time.perf_counter_ns())
 
 
-def run_mode(bs, mode: str, name: str, plan: list[PlannedRequest], progress) -> tuple[list[Sent], int, int, dict]:
+def _whole(t: RequestTiming, out) -> None:
+    """A request that did not stream: the engine's own finish (same clock as the sender's), its tokens at once."""
+    t.finish_ns, t.finish_reason, t.error = out.finish_ns, out.finish_reason, out.error
+    t.chunks = [(out.finish_ns, len(out.token_ids))] if out.token_ids else []
+
+
+def run_mode(bs, mode: str, name: str, plan: list[PlannedRequest], progress,
+             stream: bool = True) -> tuple[list[Sent], int, int, dict]:
     """One timed run of the plan in `mode` on a BatchscopeRunner (systems.py). -> (sent, start ns, end ns,
     timeline or None)."""
     bs.set_mode(mode)
     if bs.tel is not None:
         bs.tel.start_recording(name)
     with progress(name, sum(p.max_new_tokens for p in plan), bs.progress, bs.engine, counted=bs.tel is not None):
-        sent, start_ns, end_ns = drive(bs.engine, plan)
+        sent, start_ns, end_ns = drive(bs.engine, plan, stream)
     timeline = None
     if bs.tel is not None:
         bs._await_rank_spans()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 
 from batchscope.telemetry import percentiles
+from batchscope.telemetry.summary import request_metrics
 
 from ..loadtest.metrics import LATENCIES, burst_metrics
 from .report import _digest
@@ -33,7 +34,7 @@ def client_figures(sent: list, start_ns: int, end_ns: int) -> dict:
         "lengths_ok": lengths == planned and m["failed"] == 0,
         "finish_reasons": _count(s.timing.finish_reason for s in sent),
         "errors": sorted({s.error for s in sent if s.error})[:5],
-        "latency_ms": {k.removesuffix("_ms"): v for k, v in latency.items()},
+        "latency_ms": {k.removesuffix("_ms"): v for k, v in latency.items()}, "latency_basis": "client",
         "itl_p99_over_p50": round(itl["p99"] / itl["p50"], 3) if itl["p50"] and itl["p99"] is not None else None,
         "sender_lag_ms": _lag(sent),
         # what was sent, as sent: (offset, prompt ids, length), for the same-requests check across runs
@@ -63,9 +64,26 @@ def timeline_figures(timeline: dict) -> dict:
             "steps": {"total": len(steps), "modes": _count(r["mode"] for r in steps),
                       "by_kind": kinds, "kinds_sum": sum(k["steps"] for k in kinds.values()),
                       "first_kind": step_kind(steps[0]) if steps else None},
-            "engine_itl_ms": (timeline.get("summary") or {}).get("itl_ms"),
+            "engine_latency_ms": engine_latency(timeline),
             "recording": {"full": rec.get("full"), "truncated": rec.get("truncated"),
                           "dropped": rec.get("dropped")}}
+
+
+def engine_latency(timeline: dict) -> dict:
+    """TTFT/TPOT/ITL/E2E percentiles from the engine's own times (telemetry's request records: arrival at submit,
+    each token when the host learned it), the same definitions as the client's."""
+    ms = [request_metrics(q) for q in timeline["requests"] if q.get("finish_us") is not None]
+    return {"ttft": percentiles(m["ttft_ms"] for m in ms), "tpot": percentiles(m["tpot_ms"] for m in ms),
+            "itl": percentiles(x for m in ms for x in m["itl_ms"]), "e2e": percentiles(m["e2e_ms"] for m in ms)}
+
+
+def latency_from_engine(m: dict) -> dict:
+    """A run sent without streaming has no client-side token times: its latencies are the engine's."""
+    lat = m["latency_ms"] = m["engine_latency_ms"]
+    p50, p99 = lat["itl"]["p50"], lat["itl"]["p99"]
+    m["itl_p99_over_p50"] = round(p99 / p50, 3) if p50 and p99 is not None else None
+    m["latency_basis"] = "engine"
+    return m
 
 
 def nvml_mean(timeline: dict) -> dict:

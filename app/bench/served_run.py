@@ -24,7 +24,8 @@ from batchscope.engine.config import MODES
 from .floor import measure_bandwidth
 from .run import TP_BASELINE_SKIPPED, _assemble_head, _baseline_labels, _say, _timeline_path, _write_json, plan_order
 from .served import plan_requests, plan_summary, run_mode
-from .served_figures import client_figures, finish_run, medians, nvml_mean, timeline_figures
+from .served_figures import (client_figures, finish_run, latency_from_engine, medians, nvml_mean,
+                             timeline_figures)
 from .systems import BatchscopeRunner, TransformersRunner, _progress, nvml_window
 
 SERVED_SCHEMA = "batchscope.bench.served/1"
@@ -107,10 +108,12 @@ def _warm_up(args, bs, tf, labels, plan) -> None:
 def _timed(args, bs, tf, rep: int, label: str, plan) -> dict:
     name = label if args.repeats == 1 else f"{label}.r{rep + 1}"
     if label in MODES:
-        sent, start_ns, end_ns, timeline = run_mode(bs, label, name, plan, _progress)
+        sent, start_ns, end_ns, timeline = run_mode(bs, label, name, plan, _progress, not args.no_stream)
         m = {"system": "batchscope", "mode": label, "arrivals": "planned", **client_figures(sent, start_ns, end_ns)}
         if timeline is not None:
             m.update(timeline_figures(timeline), **nvml_mean(timeline))
+        if args.no_stream:
+            latency_from_engine(m)
     else:
         if bs.tel is not None:       # the sampler keeps sampling NVML while transformers runs
             bs.tel.start_recording(name)
@@ -153,7 +156,7 @@ def _assemble(args, bandwidth, info, config, plan, runs, skipped, order, tf) -> 
         "workload": {"kind": "served", "requests": args.requests, "rate": args.rate, "arrival": args.arrival,
                      "burstiness": args.burstiness, "prompt_tokens": list(args.prompt_tokens),
                      "new_tokens": list(args.new_tokens), "seed": args.seed, "max_running": args.max_running,
-                     "ignore_eos": True, "greedy": True, "warmup_requests": min(args.max_running, len(plan)),
+                     "ignore_eos": True, "greedy": True, "streamed": not args.no_stream, "warmup_requests": min(args.max_running, len(plan)),
                      "warmup_tokens": args.warmup_tokens, "plan": plan_summary(plan),
                      "baseline_arrivals": ALL_AT_ONCE if tf else None},
         "plan": [{"index": p.index, "offset_s": round(p.offset_s, 6), "prompt_tokens": len(p.prompt),
@@ -165,9 +168,10 @@ def _assemble(args, bandwidth, info, config, plan, runs, skipped, order, tf) -> 
 
 
 NOTES = {
-    "latency_ms": "client side, from each request's streamed chunks on the bench's reader thread (app/loadtest/"
-                  "metrics.py): TTFT = first chunk - submit, TPOT = (last chunk - first) / (tokens - 1), ITL = "
-                  "every gap between tokens (a chunk of k after a gap g counts k gaps of g/k), E2E = finish - submit",
+    "latency_ms": "client side (latency_basis), from each request's streamed chunks on the bench's reader thread "
+                  "(app/loadtest/metrics.py): TTFT = first chunk - submit, TPOT = (last chunk - first) / (tokens - "
+                  "1), ITL = every gap between tokens (a chunk of k after a gap g counts k gaps of g/k), E2E = "
+                  "finish - submit. With --no-stream the engine's own times (engine_latency_ms), same definitions",
     "wall_s": "plan time zero (the sender's start) to the last request's finish; output_tokens_per_s and "
               "requests_per_s are over it. transformers: first request created to last finished, all at once",
     "busy": "event-based: union of the steps' compute spans (CUDA events; host launch spans on CPU) from the first "
