@@ -1,0 +1,125 @@
+"""What a thread was doing over stretches of time: for each query (a thread and a time span), the time under each
+cause label (phases.py) and under each innermost recorded op.
+
+One sweep per thread over the ranges that touch any query (the rest cannot be open during one: ranges on one
+thread nest), with the ranges' starts and ends and the queries' bounds in time order. A stack holds the open
+ranges, each entry carrying the best label of itself and everything under it, so the label at any instant is the
+top's. Ranges that do not nest properly (a Python row ending a little after the op it encloses) are removed
+wherever they sit and the entries above them relabelled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import phases as P
+from .tables import TraceTables
+
+_END, _QEND, _START, _QSTART = 0, 1, 2, 3
+
+
+@dataclass
+class HostQuery:
+    pid: int
+    tid: int
+    start: float
+    end: float
+    labels: dict = field(default_factory=dict)     # label index (phases.LABELS) -> µs
+    ops: dict = field(default_factory=dict)        # innermost op's name id (-1: none) -> µs
+
+
+def attribute(t: TraceTables, queries: list[HostQuery]) -> None:
+    """Fill each query's `labels` and `ops`."""
+    threads: dict[tuple[int, int], list[HostQuery]] = {}
+    for q in queries:
+        if q.end > q.start:
+            threads.setdefault((q.pid, q.tid), []).append(q)
+    if not threads:
+        return
+    host_prio, host_label = P.host_roles(t.names, t.host.name)
+    rt_prio, rt_label = P.runtime_roles(t.rt.kind)
+    for (pid, tid), qs in threads.items():
+        h = np.flatnonzero((t.host.pid == pid) & (t.host.tid == tid))
+        r = np.flatnonzero((t.rt.pid == pid) & (t.rt.tid == tid))
+        ranges = (np.concatenate([t.host.start[h], t.rt.start[r]]), np.concatenate([t.host.end[h], t.rt.end[r]]),
+                  np.concatenate([t.host.name[h], t.rt.name[r]]), np.concatenate([host_prio[h], rt_prio[r]]),
+                  np.concatenate([host_label[h], rt_label[r]]))
+        _sweep(ranges, sorted(qs, key=lambda q: q.start))
+
+
+def _touching(starts, ends, qs) -> np.ndarray:
+    """Indices of ranges overlapping any query's span."""
+    spans = np.array([[q.start, q.end] for q in qs])
+    merged = [list(spans[0])]
+    for s, e in spans[1:]:
+        if s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    m = np.array(merged)
+    k = np.searchsorted(m[:, 0], ends, side="left") - 1
+    return np.flatnonzero((k >= 0) & (m[np.maximum(k, 0), 1] > starts) & (ends > starts))
+
+
+def _points(starts, ends, keep, qs) -> tuple[list, list, list]:
+    n, nq = len(keep), len(qs)
+    q0 = np.array([q.start for q in qs])
+    q1 = np.array([q.end for q in qs])
+    times = np.concatenate([ends[keep], q1, starts[keep], q0])
+    types = np.concatenate([np.full(n, _END), np.full(nq, _QEND), np.full(n, _START), np.full(nq, _QSTART)])
+    index = np.concatenate([np.arange(n), np.arange(nq), np.arange(n), np.arange(nq)])
+    # at one instant: ends first, then query ends, then starts (outer before inner), then query starts
+    inner_last = np.concatenate([np.zeros(n + nq), -ends[keep], np.zeros(nq)])
+    order = np.lexsort((inner_last, types, times))
+    return times[order].tolist(), types[order].tolist(), index[order].tolist()
+
+
+def _sweep(ranges, qs: list[HostQuery]) -> None:
+    starts, ends, names, prios, labels = ranges
+    if not len(starts):
+        for q in qs:
+            q.labels[P.HOST_OTHER] = q.labels.get(P.HOST_OTHER, 0.0) + (q.end - q.start)
+            q.ops[-1] = q.ops.get(-1, 0.0) + (q.end - q.start)
+        return
+    keep = _touching(starts, ends, qs)
+    k_names, k_prios, k_labels = names[keep].tolist(), prios[keep].tolist(), labels[keep].tolist()
+    times, types, index = _points(starts, ends, keep, qs)
+    stack: list[list] = []          # [range index, best priority, best label]
+    active: list[HostQuery] = []
+    prev = times[0] if times else 0.0
+    for t, kind, i in zip(times, types, index):
+        if active and t > prev:
+            label, op = (stack[-1][2], k_names[stack[-1][0]]) if stack else (P.HOST_OTHER, -1)
+            dt = t - prev
+            for q in active:
+                q.labels[label] = q.labels.get(label, 0.0) + dt
+                q.ops[op] = q.ops.get(op, 0.0) + dt
+        prev = t
+        if kind == _START:
+            _push(stack, i, k_prios[i], k_labels[i])
+        elif kind == _END:
+            _remove(stack, i, k_prios, k_labels)
+        elif kind == _QSTART:
+            active.append(qs[i])
+        else:
+            active.remove(qs[i])
+
+
+def _push(stack: list, i: int, prio: int, label: int) -> None:
+    if stack and stack[-1][1] > prio:
+        stack.append([i, stack[-1][1], stack[-1][2]])
+    else:
+        stack.append([i, prio, label])
+
+
+def _remove(stack: list, i: int, prios: list, labels: list) -> None:
+    for depth in range(len(stack) - 1, -1, -1):
+        if stack[depth][0] == i:
+            break
+    else:
+        return
+    above = [entry[0] for entry in stack[depth + 1:]]
+    del stack[depth:]
+    for j in above:
+        _push(stack, j, prios[j], labels[j])
