@@ -17,7 +17,7 @@ from .engines import recognise
 from .errors import NoDeviceActivityError
 from .gaps import Gap, GapFinder, resolve
 from .inference import infer_steps
-from .markers import DESCRIPTION, capture_annotations, find_markers
+from .markers import DESCRIPTION, capture_annotations, find_markers, step_marker_names
 from .plans import StepPlan, from_markers
 from .spans import StepSpans, assign_ops, step_spans
 from .tables import TraceTables
@@ -78,14 +78,27 @@ def analyse(t: TraceTables, keep_stretches: bool = False) -> FileAnalysis:
         plans, steps_from = infer_steps(t, busy_by_device[main])
         inferred.append("steps")
     owner = assign_ops(t, plans)
+    if inferred:
+        plans, owner = _without_empty(plans, owner)
     order = [main] + [d for d in busy_by_device if d != main]
     fa = FileAnalysis(t, plans, engine, evidence, steps_from, inferred=inferred, notes=notes, owner=owner)
     fa.lanes = [_device_lane(t, busy_by_device[d], owner, plans, keep_stretches) for d in order]
-    _attribute_host_time(t, fa.lanes)
+    _attribute_host_time(t, fa.lanes, step_marker_names(t, kind))
     fa.modes = _modes(plans, fa.lanes[0].spans, inferred)
     if any(p.mode is None for p in plans) and "mode" not in inferred:
         inferred.append("mode")
     return fa
+
+
+def _without_empty(plans: list[StepPlan], owner: np.ndarray) -> tuple[list[StepPlan], np.ndarray]:
+    """Inferred steps that got no device op (a window before the first launch) are no steps: drop, renumber."""
+    used = np.unique(owner[owner >= 0])
+    remap = np.full(len(plans) + 1, -1, dtype=np.int64)
+    remap[used] = np.arange(len(used))
+    kept = [plans[int(k)] for k in used]
+    for number, plan in enumerate(kept):
+        plan.number = number
+    return kept, remap[owner]
 
 
 def _device_lane(t: TraceTables, busy: DeviceBusy, owner, plans, keep: bool) -> Lane:
@@ -125,9 +138,9 @@ def _host_lane(t: TraceTables, plans: list[StepPlan]) -> Lane:
     return lane
 
 
-def _attribute_host_time(t: TraceTables, lanes: list[Lane]) -> None:
+def _attribute_host_time(t: TraceTables, lanes: list[Lane], transparent=frozenset()) -> None:
     gaps = [g for lane in lanes for g in lane.between + lane.inside if g is not None]
-    host_activity.attribute(t, [q for g in gaps for q, _ in g.queries])
+    host_activity.attribute(t, [q for g in gaps for q, _ in g.queries], transparent)
     for g in gaps:
         resolve(g, t.names)
 

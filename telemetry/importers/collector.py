@@ -77,9 +77,10 @@ class EventCollector:
         table_of_cat, names, ids = TABLE_OF_CAT, self.names, self.other_id
         dev, rt, host, gann = self.dev, self.rt, self.host, self.gann
         skipped, meta = self.skipped, self.meta
-        n = 0
+        n = self.events
         for e in events:
             n += 1
+            self.events = n
             if e.__class__ is not dict:
                 raise TypeError(f"event {n} is a {type(e).__name__}, not an object")
             if e.get("ph") != "X":
@@ -118,7 +119,6 @@ class EventCollector:
                 dev[4].append(corr if corr.__class__ is int else -1), dev[5].append(code), dev[6].append(nid)
             else:
                 self._add_rare(table, e, ts, dur, pid, tid, nid)
-        self.events += n
 
     def _add_rare(self, table: str, e: dict, ts: float, dur: float, pid: int, tid: int, nid: int) -> None:
         args = e.get("args") or {}

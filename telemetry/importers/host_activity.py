@@ -17,6 +17,10 @@ from . import phases as P
 from .tables import TraceTables
 
 _END, _QEND, _START, _QSTART = 0, 1, 2, 3
+# batchscope stamps each host phase just outside its profiler range, so entering and leaving a range (tens of µs
+# under the profiler) is phase time for batchscope: a stretch of at most this long between two of its ranges,
+# with nothing recorded in it, is split at its middle between the two phases
+RANGE_EDGE_US = 50.0
 
 
 @dataclass
@@ -29,8 +33,9 @@ class HostQuery:
     ops: dict = field(default_factory=dict)        # innermost op's name id (-1: none) -> µs
 
 
-def attribute(t: TraceTables, queries: list[HostQuery]) -> None:
-    """Fill each query's `labels` and `ops`."""
+def attribute(t: TraceTables, queries: list[HostQuery], transparent: set | frozenset = frozenset()) -> None:
+    """Fill each query's `labels` and `ops`. Ranges named in `transparent` (step markers: being inside a step says
+    nothing of what the host did in it) are left out."""
     threads: dict[tuple[int, int], list[HostQuery]] = {}
     for q in queries:
         if q.end > q.start:
@@ -41,11 +46,40 @@ def attribute(t: TraceTables, queries: list[HostQuery]) -> None:
     rt_prio, rt_label = P.runtime_roles(t.rt.kind)
     for (pid, tid), qs in threads.items():
         h = np.flatnonzero((t.host.pid == pid) & (t.host.tid == tid))
+        if transparent:
+            h = h[~np.isin(t.host.name[h], list(transparent))]
         r = np.flatnonzero((t.rt.pid == pid) & (t.rt.tid == tid))
-        ranges = (np.concatenate([t.host.start[h], t.rt.start[r]]), np.concatenate([t.host.end[h], t.rt.end[r]]),
-                  np.concatenate([t.host.name[h], t.rt.name[r]]), np.concatenate([host_prio[h], rt_prio[r]]),
+        starts = np.concatenate([t.host.start[h], t.rt.start[r]])
+        ends = np.concatenate([t.host.end[h], t.rt.end[r]])
+        prios = np.concatenate([host_prio[h], rt_prio[r]])
+        starts, ends = _widen_phase_ranges(starts, ends, prios == P.PRIO_BATCHSCOPE)
+        ranges = (starts, ends, np.concatenate([t.host.name[h], t.rt.name[r]]), prios,
                   np.concatenate([host_label[h], rt_label[r]]))
         _sweep(ranges, sorted(qs, key=lambda q: q.start))
+
+
+def _widen_phase_ranges(starts, ends, phase: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Phase ranges (batchscope's) widened over the short empty stretches between consecutive ones
+    (RANGE_EDGE_US), each taking the half next to it."""
+    idx = np.flatnonzero(phase)
+    if len(idx) < 2:
+        return starts, ends
+    idx = idx[np.argsort(starts[idx], kind="stable")]
+    starts, ends = starts.copy(), ends.copy()
+    others = np.flatnonzero(~phase)
+    o_start, o_end = starts[others], ends[others]
+    order = np.argsort(o_start, kind="stable")
+    o_start, o_end = o_start[order], np.maximum.accumulate(o_end[order]) if len(order) else o_end
+    for a, b in zip(idx[:-1], idx[1:]):
+        g0, g1 = ends[a], starts[b]
+        if not 0 < g1 - g0 <= RANGE_EDGE_US:
+            continue
+        k = int(np.searchsorted(o_start, g1, side="left"))      # any other range open inside the stretch?
+        if k and o_end[k - 1] > g0:
+            continue
+        mid = (g0 + g1) / 2
+        ends[a], starts[b] = mid, mid
+    return starts, ends
 
 
 def _touching(starts, ends, qs) -> np.ndarray:

@@ -151,3 +151,14 @@ def capture_annotations(t: TraceTables) -> int:
     rows = np.flatnonzero(t.host.code == 1)
     ids = [nid for nid in np.unique(t.host.name[rows]) if CAPTURE.match(t.names[nid])]
     return int(np.isin(t.host.name[rows], ids).sum()) if ids else 0
+
+
+def step_marker_names(t: TraceTables, kind: str | None) -> set[int]:
+    """Name ids of the step markers (of `kind`, and torch.profiler's ProfilerStep#N), for the host sweep to see
+    through: batchscope's ranges are phases, not markers, and stay."""
+    out = set()
+    for nid, name in enumerate(t.names):
+        got = parse(name) if name else None
+        if got is not None and got[0] != "batchscope" and (got[0] == kind or got[0] == "profiler_step"):
+            out.add(nid)
+    return out

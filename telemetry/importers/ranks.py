@@ -21,6 +21,7 @@ from .errors import ClockSkewError, TraceImportError
 from .tables import TraceTables
 
 SKEW_US = 50.0
+MIN_COLLECTIVES = 2
 _RANK_IN_NAME = re.compile(r"(?:rank|[-_.]tp[-_]?)(\d+)", re.IGNORECASE)
 
 
@@ -64,7 +65,7 @@ def clock_shifts(tables: list[TraceTables], devices: list[int]) -> tuple[list[fl
     for i in range(1, len(tables)):
         names, ends = _collective_ends(tables[i], devices[i])
         n = min(len(names), len(ref_names))
-        same = n >= 3 and np.mean([a == b for a, b in zip(names[:n], ref_names[:n])]) >= 0.9
+        same = n >= MIN_COLLECTIVES and np.mean([a == b for a, b in zip(names[:n], ref_names[:n])]) >= 0.9
         if same:
             skew = float(np.median((ends[:n] + shifts[i]) - (ref_ends[:n] + shifts[0])))
             if abs(skew) > SKEW_US:
