@@ -110,6 +110,8 @@ def run_mode(eng: Engine, tel: Telemetry, args, mode: str, index: int, out: Path
     waves.join()
     for h in handles:
         h.result()
+    while capture.state in ("pending", "running"):         # a workload shorter than the window: keep stepping
+        eng.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=4, ignore_eos=True))
     if not capture.wait(600) or capture.state != "done":
         raise RuntimeError(f"the profiler window did not finish: {capture.as_dict()}")
     tel.stop_recording()

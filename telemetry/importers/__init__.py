@@ -26,13 +26,15 @@ __all__ = ["import_trace", "TraceImportError", "NotATraceError", "TruncatedTrace
            "ClockSkewError"]
 
 
-def import_trace(paths, *, kernels: bool = False, progress=None, partial: bool = False) -> dict:
+def import_trace(paths, *, kernels: bool = False, progress=None, partial: bool = False,
+                 workers: int | None = None) -> dict:
     """One trace file, or several ranks' files of one run (a list), as a validated timeline dict.
 
     kernels:  also keep every device op and idle stretch (`timeline["kernels"]`, drawn by the Perfetto export);
               the timeline grows with the trace instead of with its steps.
     progress: called as progress(bytes_done, bytes_total) while the files are read (compressed bytes for .gz).
-    partial:  import the part of a truncated file that was written, noting the cut, instead of refusing it."""
+    partial:  import the part of a truncated file that was written, noting the cut, instead of refusing it.
+    workers:  processes that parse a large file's events (default one per core; 1: this process only)."""
     paths = [str(paths)] if isinstance(paths, (str, Path)) else [str(p) for p in paths]
     if not paths:
         raise TraceImportError("no trace files given")
@@ -44,7 +46,7 @@ def import_trace(paths, *, kernels: bool = False, progress=None, partial: bool =
     tables = []
     for path, size in zip(paths, sizes):
         report = (lambda n, base=done_before: progress(base + n, total)) if progress else None
-        tables.append(read_trace(path, report, partial))
+        tables.append(read_trace(path, report, partial, workers))
         done_before += size
         if progress:
             progress(done_before, total)

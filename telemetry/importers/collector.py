@@ -8,6 +8,7 @@ Metadata (`ph: "M"`) rows are kept whole: Kineto writes them last, and excerpts 
 """
 from __future__ import annotations
 
+import zlib
 from array import array
 from collections import Counter
 
@@ -28,6 +29,8 @@ TABLE_OF_CAT = {
     "cuda_sync": ("sync", 0),
     "Trace": ("window", 0),
 }
+_TABLES = ("dev", "rt", "host", "gann", "sync")
+_NAME_COLUMN = {"dev": 6, "rt": 5, "host": 4, "gann": 4, "sync": -1}      # the column holding name ids
 SYNC_KINDS = {"Stream Sync": 0, "Event Sync": 1, "Context Sync": 2, "Wait Event": 3, "Stream Wait Event": 3}
 WAIT_EVENT = 3
 
@@ -64,13 +67,39 @@ class EventCollector:
         return nid
 
     def other_id(self, value) -> int:
-        """A pid or tid that is not an integer ("Spans", "PyTorch Profiler", a hex string): a negative id."""
+        """A pid or tid that is not an integer ("Spans", "PyTorch Profiler", a hex string): a negative id, the
+        same in every process that reads part of one file."""
         if isinstance(value, str) and value.lstrip("-").isdigit():
             return int(value)
         got = self._ids.get(value)
         if got is None:
-            got = self._ids[value] = -2 - len(self._ids)
+            got = self._ids[value] = -2 - zlib.crc32(repr(value).encode()) % (1 << 30)
         return got
+
+    # -- moving a part read elsewhere (parallel_read.py) -------------------------------------------------------
+    def export(self) -> dict:
+        names = [None] * len(self.names)
+        for name, nid in self.names.items():
+            names[nid] = name
+        return {"names": names, "tables": {k: [c.tobytes() for c in getattr(self, k)] for k in _TABLES},
+                "window": self.window, "meta": self.meta, "skipped": dict(self.skipped), "events": self.events}
+
+    def merge(self, part: dict) -> None:
+        """Absorb another collector's export, its name ids mapped onto this one's."""
+        import numpy as np
+
+        mapping = np.array([self.name_id(name) for name in part["names"]], dtype=np.int32)
+        for key in _TABLES:
+            cols = getattr(self, key)
+            for i, (col, raw) in enumerate(zip(cols, part["tables"][key])):
+                if i == _NAME_COLUMN[key]:
+                    local = np.frombuffer(raw, dtype=np.int32)
+                    raw = mapping[local].tobytes() if len(local) else raw
+                col.frombytes(raw)
+        self.window.extend(part["window"])
+        self.meta.extend(part["meta"])
+        self.skipped.update(part["skipped"])
+        self.events += part["events"]
 
     def add(self, events) -> None:
         """Consume an iterable of event dicts (the loop is kept flat: it runs once per event of a huge file)."""

@@ -119,41 +119,58 @@ def _sweep(ranges, qs: list[HostQuery]) -> None:
     keep = _touching(starts, ends, qs)
     k_names, k_prios, k_labels = names[keep].tolist(), prios[keep].tolist(), labels[keep].tolist()
     times, types, index = _points(starts, ends, keep, qs)
-    stack: list[list] = []          # [range index, best priority, best label]
+    # the stack of open ranges as three parallel lists: range index, best priority, best label (of it and below)
+    s_idx: list[int] = []
+    s_prio: list[int] = []
+    s_label: list[int] = []
     active: list[HostQuery] = []
+    host_other = P.HOST_OTHER
     prev = times[0] if times else 0.0
     for t, kind, i in zip(times, types, index):
         if active and t > prev:
-            label, op = (stack[-1][2], k_names[stack[-1][0]]) if stack else (P.HOST_OTHER, -1)
+            if s_idx:
+                label, op = s_label[-1], k_names[s_idx[-1]]
+            else:
+                label, op = host_other, -1
             dt = t - prev
             for q in active:
-                q.labels[label] = q.labels.get(label, 0.0) + dt
-                q.ops[op] = q.ops.get(op, 0.0) + dt
+                got = q.labels
+                got[label] = got.get(label, 0.0) + dt
+                got = q.ops
+                got[op] = got.get(op, 0.0) + dt
         prev = t
         if kind == _START:
-            _push(stack, i, k_prios[i], k_labels[i])
+            p = k_prios[i]
+            s_idx.append(i)
+            if s_prio and s_prio[-1] > p:
+                s_prio.append(s_prio[-1])
+                s_label.append(s_label[-1])
+            else:
+                s_prio.append(p)
+                s_label.append(k_labels[i])
         elif kind == _END:
-            _remove(stack, i, k_prios, k_labels)
+            if s_idx and s_idx[-1] == i:
+                s_idx.pop(), s_prio.pop(), s_label.pop()
+            else:
+                _remove_inner(s_idx, s_prio, s_label, i, k_prios, k_labels)
         elif kind == _QSTART:
             active.append(qs[i])
         else:
             active.remove(qs[i])
 
 
-def _push(stack: list, i: int, prio: int, label: int) -> None:
-    if stack and stack[-1][1] > prio:
-        stack.append([i, stack[-1][1], stack[-1][2]])
-    else:
-        stack.append([i, prio, label])
-
-
-def _remove(stack: list, i: int, prios: list, labels: list) -> None:
-    for depth in range(len(stack) - 1, -1, -1):
-        if stack[depth][0] == i:
-            break
-    else:
+def _remove_inner(s_idx: list, s_prio: list, s_label: list, i: int, prios: list, labels: list) -> None:
+    """A range that ends while ranges opened after it are still open: drop it and relabel those above it."""
+    if i not in s_idx:
         return
-    above = [entry[0] for entry in stack[depth + 1:]]
-    del stack[depth:]
+    depth = len(s_idx) - 1 - s_idx[::-1].index(i)
+    above = s_idx[depth + 1:]
+    del s_idx[depth:], s_prio[depth:], s_label[depth:]
     for j in above:
-        _push(stack, j, prios[j], labels[j])
+        s_idx.append(j)
+        if s_prio and s_prio[-1] > prios[j]:
+            s_prio.append(s_prio[-1])
+            s_label.append(s_label[-1])
+        else:
+            s_prio.append(prios[j])
+            s_label.append(labels[j])
