@@ -40,6 +40,8 @@ class Gap:
     causes: dict = field(default_factory=dict)
     host_late_us: float = 0.0
     host_ops: dict = field(default_factory=dict)        # name -> µs the launching thread spent in it
+    host_labels: dict = field(default_factory=dict)     # the host sweep's label -> µs, shared by its queries
+    host_op_ids: dict = field(default_factory=dict)     # and its innermost op's name id -> µs
     stretches: list = field(default_factory=list)       # (start, end, cause) of idle stretches, for --kernels
     queries: list = field(default_factory=list)         # (HostQuery, stretch index) awaiting the host sweep
 
@@ -96,7 +98,11 @@ class GapFinder:
         ls, le = float(t.rt.start[call]), float(t.rt.end[call])
         if ls >= a:                                     # the host was late
             host_end = min(ls, b)
-            query = HostQuery(int(t.rt.pid[call]), int(t.rt.tid[call]), a, host_end)
+            pid, tid = int(t.rt.pid[call]), int(t.rt.tid[call])
+            if self.keep:                               # its own tallies, to name its stretch
+                query = HostQuery(pid, tid, a, host_end)
+            else:                                       # straight into the gap's
+                query = HostQuery(pid, tid, a, host_end, gap.host_labels, gap.host_op_ids)
             gap.queries.append((query, len(gap.stretches) if self.keep and host_end > a else -1))
             gap.host_late_us += b - a
             self._stretch(gap, a, host_end, None)
@@ -124,20 +130,26 @@ class GapFinder:
 
 def resolve(gap: Gap, names: list[str]) -> None:
     """After the host sweep: the host-late parts' labels become causes (a blocking call is `wait` between steps,
-    `host_sync` inside one), and the ops the thread was in become `host_ops` (the largest few kept)."""
+    `host_sync` inside one), and the ops the thread was in become `host_ops` (named; the largest few are kept)."""
     blocking = "host_sync" if gap.inside else "wait"
+    cause_of = [blocking if i == P.BLOCKING else label for i, label in enumerate(P.LABELS)]
+    labels, ops = dict(gap.host_labels), dict(gap.host_op_ids)
     for query, index in gap.queries:
-        parts = {}
+        if query.labels is gap.host_labels:
+            continue
         for label, us in query.labels.items():
-            cause = blocking if label == P.BLOCKING else P.LABELS[label]
-            gap.add(cause, us)
-            parts[cause] = parts.get(cause, 0.0) + us
+            labels[label] = labels.get(label, 0.0) + us
         for nid, us in query.ops.items():
-            name = names[nid][:120] if nid >= 0 else "(no recorded op)"
-            gap.host_ops[name] = gap.host_ops.get(name, 0.0) + us
+            ops[nid] = ops.get(nid, 0.0) + us
         if index >= 0:
-            gap.stretches[index][2] = max(parts, key=parts.get) if parts else "host_other"
-    gap.queries = []
+            gap.stretches[index][2] = cause_of[max(query.labels, key=query.labels.get)] if query.labels \
+                else "host_other"
+    for label, us in labels.items():
+        gap.add(cause_of[label], us)
+    for nid, us in ops.items():
+        name = names[nid][:120] if nid >= 0 else "(no recorded op)"
+        gap.host_ops[name] = gap.host_ops.get(name, 0.0) + us
+    gap.queries, gap.host_labels, gap.host_op_ids = [], {}, {}
 
 
 def top_ops(ops: dict, n: int = HOST_OPS_KEPT) -> dict:

@@ -84,7 +84,9 @@ def _widen_phase_ranges(starts, ends, phase: np.ndarray) -> tuple[np.ndarray, np
 
 def _touching(starts, ends, qs) -> np.ndarray:
     """Indices of ranges overlapping any query's span."""
-    spans = np.array([[q.start, q.end] for q in qs])
+    spans = np.empty((len(qs), 2))
+    spans[:, 0] = np.fromiter((q.start for q in qs), float, len(qs))
+    spans[:, 1] = np.fromiter((q.end for q in qs), float, len(qs))
     merged = [list(spans[0])]
     for s, e in spans[1:]:
         if s <= merged[-1][1]:
@@ -98,8 +100,8 @@ def _touching(starts, ends, qs) -> np.ndarray:
 
 def _points(starts, ends, keep, qs) -> tuple[list, list, list]:
     n, nq = len(keep), len(qs)
-    q0 = np.array([q.start for q in qs])
-    q1 = np.array([q.end for q in qs])
+    q0 = np.fromiter((q.start for q in qs), float, nq)
+    q1 = np.fromiter((q.end for q in qs), float, nq)
     times = np.concatenate([ends[keep], q1, starts[keep], q0])
     types = np.concatenate([np.full(n, _END), np.full(nq, _QEND), np.full(n, _START), np.full(nq, _QSTART)])
     index = np.concatenate([np.arange(n), np.arange(nq), np.arange(n), np.arange(nq)])
