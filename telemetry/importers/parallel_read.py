@@ -49,7 +49,8 @@ def _parse_piece(piece: bytes) -> dict:
         backend = ijson
     col = EventCollector()
     try:
-        col.add(backend.items(io.BytesIO(b"[" + piece + b"]"), "item", use_float=True))
+        # a piece is in memory already: small reads keep the parser's buffer in cache
+        col.add(backend.items(io.BytesIO(b"[" + piece + b"]"), "item", use_float=True, buf_size=16384))
     except (ijson.JSONError, TypeError) as exc:
         raise PieceFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     return col.export()
