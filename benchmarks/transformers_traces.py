@@ -92,6 +92,12 @@ def _kwargs(fn, wanted: dict) -> dict:
     return {k: v for k, v in wanted.items() if k in params}
 
 
+def _finished(result) -> bool:
+    if hasattr(result, "is_finished"):
+        return bool(result.is_finished())
+    return "FINISHED" in str(getattr(result, "status", "")).upper()
+
+
 class TransformersCB:
     """One transformers model, run through a persistent continuous-batching manager per variant."""
 
@@ -119,7 +125,10 @@ class TransformersCB:
         manager = init(**_kwargs(init, {"generation_config": self.gen,
                                         "continuous_batching_config": self._config(use_async)}))
         if hasattr(manager, "warmup"):
-            manager.warmup()
+            try:
+                manager.warmup()                # captures its CUDA graphs before anything is timed
+            except TypeError as exc:
+                log(f"manager.warmup() not called ({exc}): graphs are captured by the warm-up requests")
         manager.start()
         self._collect(manager, manager.add_requests(inputs=[[5, 6, 7, 8] * 4] * 2, max_new_tokens=4))
         return manager
@@ -133,7 +142,7 @@ class TransformersCB:
                 if not manager.is_running():
                     raise RuntimeError("transformers' generation thread stopped")
                 continue
-            if result.is_finished():
+            if _finished(result):
                 done.add(result.request_id)
 
     def run(self, use_async: bool, inputs, trace: Path | None, with_stack: bool) -> float:
