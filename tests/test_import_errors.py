@@ -40,6 +40,8 @@ def small_trace() -> KinetoTrace:
     (b"42", "a single number, not a trace"),
     (b"[[1, 2], [3]]", "not a trace"),
     (b'{"traceEvents": []}', "a trace with no events"),
+    (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": "soon", "dur": 1}]}',
+     "event 1 has a field of the wrong kind"),
     (b"", "empty file"),
 ])
 def test_files_that_are_not_traces(tmp_path, text, match):
@@ -113,3 +115,15 @@ def test_other_files(tmp_path):
     fails(tmp_path / "missing.json", TraceImportError, "no such file")
     with pytest.raises(TraceImportError, match="no trace files"):
         import_trace([])
+
+
+def test_steps_whose_device_work_cannot_be_tied_to_them_say_so(tmp_path):
+    tr = KinetoTrace()
+    for k in range(2):
+        tr.annotation("execute_context_0(0)_generation_2(2)", 100 * k, 50)
+        tr.kernel("launched_by_another_process", 100 * k + 10, 20, corr=None)
+    tl = import_trace(tr.write(tmp_path / "loose.json"))
+    assert [s["compute_us"] for s in tl["steps"]] == [None, None]
+    assert tl["summary"]["busy_pct"] is None                   # not a silently wrong figure
+    notes = " ".join(tl["meta"]["source"]["notes"])
+    assert "2 of 2 steps have no device work" in notes and "100% of device 0's op time belongs to no step" in notes

@@ -84,10 +84,29 @@ def analyse(t: TraceTables, keep_stretches: bool = False) -> FileAnalysis:
     fa = FileAnalysis(t, plans, engine, evidence, steps_from, inferred=inferred, notes=notes, owner=owner)
     fa.lanes = [_device_lane(t, busy_by_device[d], owner, plans, keep_stretches) for d in order]
     _attribute_host_time(t, fa.lanes, step_marker_names(t, kind))
+    fa.notes += _coverage_notes(t, fa.lanes[0], owner)
     fa.modes = _modes(plans, fa.lanes[0].spans, inferred)
     if any(p.mode is None for p in plans) and "mode" not in inferred:
         inferred.append("mode")
     return fa
+
+
+def _coverage_notes(t: TraceTables, lane: Lane, owner: np.ndarray) -> list[str]:
+    """Say when steps have no device work or device work belongs to no step (launches missing from the file)."""
+    notes = []
+    empty = sum(1 for sp in lane.spans if sp is None or sp.compute is None)
+    if empty:
+        notes.append(f"{empty} of {len(lane.spans)} steps have no device work tied to them on device {lane.device} "
+                     f"(their launches are not in the trace): no compute span, no gap")
+    rows = lane.busy.rows
+    if len(rows):
+        loose = rows[owner[rows] < 0]
+        share = float((t.dev.end[loose] - t.dev.start[loose]).sum() / (t.dev.end[rows] - t.dev.start[rows]).sum()) \
+            if (t.dev.end[rows] - t.dev.start[rows]).sum() > 0 else 0.0
+        if share >= 0.05:
+            notes.append(f"{100 * share:.0f}% of device {lane.device}'s op time belongs to no step (launched outside "
+                         f"every step's window, or before the trace began)")
+    return notes
 
 
 def _without_empty(plans: list[StepPlan], owner: np.ndarray) -> tuple[list[StepPlan], np.ndarray]:

@@ -12,6 +12,8 @@ import zlib
 from array import array
 from collections import Counter
 
+from ..export import TimelineError
+
 # cat -> (table, code). Tables: "dev" device ops (code: 0 kernel, 1 copy, 2 memset), "host" host ranges (code:
 # 0 CPU op, 1 annotation, 2 Python function), "rt" runtime/driver calls, "gann" device-side annotations,
 # "sync" CUDA synchronisation records, "window" the profiler's own span. Legacy (2022) names map to modern ones.
@@ -102,11 +104,22 @@ class EventCollector:
         self.events += part["events"]
 
     def add(self, events) -> None:
-        """Consume an iterable of event dicts (the loop is kept flat: it runs once per event of a huge file)."""
+        """Consume an iterable of event dicts. An event that is not an object, or a field of the wrong kind (a
+        string timestamp), raises TypeError naming the event; errors of the text itself pass through."""
+        try:
+            self._loop(events, self.events)
+        except TimelineError:
+            raise
+        except (TypeError, ValueError, OverflowError) as exc:
+            msg = str(exc)
+            raise TypeError(msg if msg.startswith("event ") else
+                            f"event {self.events} has a field of the wrong kind ({msg})") from None
+
+    def _loop(self, events, n: int) -> None:
+        """The hot loop, kept flat: it runs once per event of a huge file."""
         table_of_cat, names, ids = TABLE_OF_CAT, self.names, self.other_id
         dev, rt, host, gann = self.dev, self.rt, self.host, self.gann
         skipped, meta = self.skipped, self.meta
-        n = self.events
         for e in events:
             n += 1
             self.events = n
