@@ -16,7 +16,9 @@ from batchscope.engine.trace import GPU_PHASES, HOST_PHASES  # noqa: F401 (the p
 SCHEMA_ID = "batchscope.timeline/1"
 
 # What the compute stream was waiting for during a GPU idle gap (see idle.py for how each is decided).
-IDLE_CAUSES = HOST_PHASES + ("h2d", "d2h", "telemetry", "empty_queue", "host_other", "gc")
+# Timelines imported from profiler traces add causes only a trace can tell apart (importers/gaps.py).
+TRACE_IDLE_CAUSES = ("host_sync", "host_op", "stream_wait", "copy", "collective", "other_work", "unattributed")
+IDLE_CAUSES = HOST_PHASES + ("h2d", "d2h", "telemetry", "empty_queue", "host_other", "gc") + TRACE_IDLE_CAUSES
 
 # Where a step's `compute_us` comes from: CUDA events anchored to the host clock, events placed by the end of
 # the host's wait (no anchor was given), the host launch span (CPU), or nothing (events could not be read).

@@ -4,14 +4,17 @@ length and seed.
 A burst is a list of planned requests (arrival offset, prompt token ids, output length, seed), all drawn from one
 seeded generator, so the same spec and seed give the same burst every time: that is what makes an A/B fair.
 A continuous load draws the same kind of requests from an endless seeded stream (`request_stream`).
+`batchscope bench --workload served` plans its requests here too, so this module needs nothing beyond the standard
+library at import: the specs (pydantic) are only named in annotations.
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from .specs import BurstSpec, LoadSpec
+if TYPE_CHECKING:
+    from .specs import BurstSpec, LoadSpec
 
 __all__ = ["arrival_offsets", "synthetic_prompt", "PlannedRequest", "plan_burst", "request_stream"]
 
@@ -51,7 +54,8 @@ class PlannedRequest:
 
 def plan_burst(spec: BurstSpec, vocab_size: int) -> list[PlannedRequest]:
     """The whole burst, drawn from the spec's seed: identical for identical specs. `spec` is settled
-    (BurstSpec.within): its lengths and seed are known."""
+    (BurstSpec.within): its lengths and seed are known. Anything with the same fields will do (the bench passes
+    its own)."""
     rng = random.Random(spec.seed)
     offsets = arrival_offsets(spec.num_requests, spec.arrival, spec.rate, spec.burstiness, rng)
     plan = []
