@@ -110,13 +110,19 @@ class EngineCore:
     def flush_traces(self) -> None:
         """Build the held traces and hand them to the observers, in step order. The loops call it where the
         observers' time hides behind the device: right after launching the next step (loop.py)."""
-        while self._held:
-            try:
-                trace = self._build_trace(*self._held.pop(0))
-            except Exception:               # telemetry must never stop a launched step from being consumed
-                traceback.print_exc()
-                continue
-            self.notify(trace)
+        if not self._held:
+            return self._flush_peer_spans()
+        with self.profiling.range("telemetry"):
+            while self._held:
+                try:
+                    trace = self._build_trace(*self._held.pop(0))
+                except Exception:               # telemetry must never stop a launched step from being consumed
+                    traceback.print_exc()
+                    continue
+                self.notify(trace)
+        self._flush_peer_spans()
+
+    def _flush_peer_spans(self) -> None:
         spans = self.runner.peer_spans()
         if spans and self.observers:
             self.notify(RankSpans(spans))

@@ -17,11 +17,12 @@ from ..records import HOST_PHASES
 from . import names as N
 
 # labels a sweep gives (indices into LABELS); the gap module turns BLOCKING into `wait` or `host_sync`
-LABELS = HOST_PHASES + ("blocking", "host_op", "host_other")
+# (`telemetry`: batchscope's range around handing a step to its observers, its own idle cause too)
+LABELS = HOST_PHASES + ("telemetry", "blocking", "host_op", "host_other")
 BLOCKING, HOST_OP, HOST_OTHER = LABELS.index("blocking"), LABELS.index("host_op"), LABELS.index("host_other")
 PRIO_NONE, PRIO_ENGINE, PRIO_BLOCKING, PRIO_BATCHSCOPE = 0, 1, 2, 3
 
-_BATCHSCOPE = re.compile(r"^batchscope\.(schedule|fill|launch|wait|update)\b")
+_BATCHSCOPE = re.compile(r"^batchscope\.(schedule|fill|launch|wait|update|telemetry)\b")
 _PY = r"\.py\(\d+\): "
 ENGINE_PHASES = [
     # vLLM: its optional scopes (VLLM_CUSTOM_SCOPES_FOR_PROFILING=1) and, with with_stack, its Python functions
@@ -56,7 +57,7 @@ _ENGINE = [(re.compile(p), HOST_PHASES.index(phase)) for p, phase in ENGINE_PHAS
 def name_role(name: str) -> tuple[int, int]:
     """(priority, label) of a host range's name."""
     if m := _BATCHSCOPE.match(name):
-        return PRIO_BATCHSCOPE, HOST_PHASES.index(m.group(1))
+        return PRIO_BATCHSCOPE, LABELS.index(m.group(1))
     for pattern, label in _ENGINE:
         if pattern.search(name):
             return PRIO_ENGINE, label
