@@ -20,6 +20,7 @@ from .perfetto import to_perfetto
 from .recorder import MAX_RECORDING_BYTES, MAX_RECORDING_STEPS, MAX_RECORDINGS, MAX_RECORDINGS_BYTES, Recorder
 from .records import SCHEMA_ID, span_end, span_start
 from .summary import compare, summarize, union_length
+from .totals import Totals
 
 
 @dataclasses.dataclass
@@ -59,11 +60,12 @@ class Telemetry:
 
         self.hub = Hub(stats=self._live_stats, hz=hub_hz, max_pending=hub_max_pending, max_subscribers=max_subscribers)
         self.collector = CollectorPauses()
+        self.totals = Totals(self.info, bandwidth_gbps)
         self.recorder = Recorder(self.origin_ns, ring_steps=ring_steps, ring_requests=ring_requests,
                                  ring_nvml=int(max(nvml_hz, 1.0) * 600), publish=self.hub.publish,
                                  max_recording_steps=max_recording_steps, max_recordings=max_recordings,
                                  max_recording_bytes=max_recording_bytes, max_recordings_bytes=max_recordings_bytes,
-                                 collections=self.collector.take)
+                                 collections=self.collector.take, totals=self.totals)
         device = self.info.get("device") or getattr(getattr(engine, "config", None), "device", None)
         self.device = str(device) if device is not None else None
         self.sampler = Sampler(self.recorder.on_sample, self.now_us, self.device, hz=nvml_hz,
@@ -113,6 +115,8 @@ class Telemetry:
             "evicted_active_requests": rec.evicted_active,
             "subscribers": self.hub.subscribers, "hub_pending_overflow": self.hub.pending_overflow,
             "hub": self.hub.status(),
+            "busy_pct_1s": round(100.0 * self.busy_ratio(1.0), 2),
+            "totals": self.totals.snapshot(),
         }
 
     def _config(self) -> dict:
@@ -155,14 +159,27 @@ class Telemetry:
             stats = self.engine.stats()
         except Exception as exc:
             stats, error = {}, str(exc)
-        recent = [r for r in list(self.recorder.steps)[-2000:] if (r.get("compute_us") or [-1])[0] >= now - 1e6]
-        busy = union_length([r["compute_us"] for r in recent], now - 1e6, now)
+        recent = self._recent_steps(now, 1.0)
+        busy = self.busy_ratio(1.0, now) * 1e6
         return dataclasses.asdict(LiveStats(
             t_us=now, mode=stats.get("mode", self._mode()), queue=stats.get("queue"), running=stats.get("running"),
             steps=stats.get("steps"), kv_blocks_used=stats.get("kv_blocks_used"),
             kv_blocks_total=stats.get("kv_blocks_total"), kv_usage=stats.get("kv_usage"), steps_per_s=len(recent),
             tokens_per_s=sum(r.get("tokens_out", 0) for r in recent), busy_pct_1s=round(busy / 1e4, 2),
             subscribers=self.hub.subscribers, error=error))
+
+    def _recent_steps(self, now: float, window_s: float) -> list:
+        """The steps whose compute started in the last `window_s` seconds (read from the ring's end)."""
+        since = now - window_s * 1e6
+        return [r for r in list(self.recorder.steps)[-2000:] if r.get("compute_us") and r["compute_us"][0] >= since]
+
+    def busy_ratio(self, window_s: float = 1.0, now_us: float | None = None) -> float:
+        """Event-based busy share of the last `window_s` seconds: the union of the steps' compute spans (CUDA
+        events; the host launch spans on CPU) inside [now - window, now] over the window, as the page's header
+        shows it (`busy_pct_1s`)."""
+        now = self.now_us() if now_us is None else now_us
+        recent = self._recent_steps(now, window_s + 1.0)     # a span that started before the window may reach in
+        return union_length([r["compute_us"] for r in recent], now - window_s * 1e6, now) / (window_s * 1e6)
 
     # ---- recordings, summaries, export -----------------------------------------------------------------------
     def start_recording(self, name: str) -> dict:
