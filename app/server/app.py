@@ -3,6 +3,7 @@
     /api/...            routes/control.py (health, status, mode, generate), routes/load.py (bursts, A/B,
                         continuous loads), routes/timeline.py (timelines, recordings, replay)
     /v1/...             routes/openai.py: OpenAI-compatible completions and chat completions (SSE when streaming)
+    /metrics            routes/metrics.py: Prometheus' text format, vLLM's names and batchscope's
     /ws/telemetry       routes/ws.py: live steps, NVML samples, requests, mode changes and stats
     /batchscope-static/ assets/ and plotly.min.js from the installed plotly package (no network at page load)
     /                   the Gradio UI (app/ui), mounted last so that it never shadows the routes above

@@ -23,8 +23,8 @@ from ..loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
 from .errors import BusyError, NoEngineError, NotFoundError, ShuttingDownError
 from .prompts import chat_ids, prompt_ids, sampling_params
 from .replay import MAX_JSON_DEPTH, MAX_REPLAY_BYTES, accept_timeline, read_timeline_file
-from .schemas import (Health, ModeChanged, ModeLock, RecordingCaps, RecordingInfo, Recordings, RecordingStarted,
-                      RecordingStopped, ReplayLoaded, Status)
+from .schemas import (Health, ModeChanged, ModeLock, RecordingCaps, RecordingInfo, Recordings,
+                      RecordingStarted, RecordingStopped, ReplayLoaded, Status)
 
 RECORDING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 T = TypeVar("T")
@@ -45,6 +45,7 @@ class AppState:
         self._inflight_lock = threading.Lock()
         self._replay_lock = threading.Lock()
         self.bursts: BurstManager | None = None
+        self._metrics = None            # the Prometheus registry, made at the first scrape
         if engine is not None:
             self.bursts = BurstManager(engine, self.limits, self.vocab_size, telemetry=telemetry)
 
@@ -311,6 +312,18 @@ class AppState:
                 pass
         return Recordings(recordings=[d.name for d in details], active=self._recording, details=details,
                           limits=RecordingCaps(**self.telemetry.status()["recordings"]))
+
+    # ---------------------------------------------------------------------------------------------- metrics
+    def metrics(self) -> bytes:
+        """GET /metrics: the Prometheus text exposition of the live telemetry (telemetry/prometheus.py); empty on
+        a replay-only server, where nothing runs."""
+        if self.telemetry is None:
+            return b""
+        from batchscope.telemetry.prometheus import generate_latest, prometheus_registry
+
+        if self._metrics is None:
+            self._metrics = prometheus_registry(self.telemetry, self.model_name)
+        return generate_latest(self._metrics)
 
     def _need_telemetry(self):
         self._need_engine()

@@ -4,8 +4,9 @@
     load.py      /api: bursts, A/B comparisons, continuous loads
     timeline.py  /api: timelines (JSON, Perfetto), named recordings, replay
     openai.py    /v1: OpenAI-compatible completions, chat completions and the model list
+    metrics.py   /metrics: Prometheus' text format (vLLM's names and batchscope's)
     ws.py        /ws/telemetry: the live feed
 """
-from . import control, load, openai, timeline, ws
+from . import control, load, metrics, openai, timeline, ws
 
-ROUTERS = (control.router, load.router, timeline.router, openai.router, ws.router)
+ROUTERS = (control.router, load.router, timeline.router, openai.router, metrics.router, ws.router)
