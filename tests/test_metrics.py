@@ -221,7 +221,8 @@ def test_every_rank_has_its_busy_figures():
         eng.submit(2, prompt_tokens=8, max_new_tokens=3)
         eng.run()
         anchor = time.perf_counter_ns()
-        tel._observer(RankSpans(spans=[(1, 0, anchor, {"compute": (0.0, 2.0)}), (1, 1, anchor, {"compute": (3.0, 4.5)})]))
+        tel._observer(RankSpans(spans=[(1, 0, anchor, {"compute": (0.0, 2.0)}),
+                                       (1, 1, anchor, {"compute": (3.0, 4.5)})]))
         fams = scrape(tel)
         assert value(fams, "batchscope_gpu_busy_seconds", rank="1") == pytest.approx(0.0035)
         assert {s.labels["rank"] for s in fams["batchscope_gpu_busy_ratio"].samples} == {"0", "1"}
