@@ -109,6 +109,11 @@ class ProfileWindows:
         return import_trace(path, workers=1)
 
     def close(self) -> None:
+        """After the engine closed (which ends a window still open): let its trace be written, then remove the
+        folder this server made."""
+        cap = self.capture
+        if cap is not None and cap.state in ACTIVE:
+            cap.wait(30)
         if self._own_folder:
             shutil.rmtree(self.folder, ignore_errors=True)
 
