@@ -149,6 +149,23 @@ def test_a_replay_only_server_has_no_engine_to_profile(switched_timeline):
             assert r.status_code == 409 and "replaying" in r.json()["error"]
 
 
+def test_a_server_shutting_down_takes_no_window():
+    from batchscope.telemetry import Telemetry
+    from synthetic import SyntheticEngine
+
+    eng = SyntheticEngine(gpu=False)
+    tel = Telemetry(eng, nvml_hz=0)
+    state = AppState(eng, tel, LIMITS)
+    try:
+        state.begin_shutdown()
+        with TestClient(create_app(state, ui=False)) as c:
+            r = c.post("/api/profile", json={"steps": 3})
+            assert r.status_code == 503 and "shutting down" in r.json()["error"]
+    finally:
+        tel.close()
+        state.profiles.close()
+
+
 def _decode_periods(steps: list, lo: int, hi: int) -> list[float]:
     """ms from each decode step's compute start to the next one's, for steps lo..hi (consecutive only)."""
     by = {s["step"]: s for s in steps}
