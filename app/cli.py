@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split the model over N GPUs (one process each, started here), or N CPU processes")
+    s.add_argument("--profile-steps", type=int, default=None, metavar="N",
+                   help="run torch.profiler over the first N steps after start-up (GET /api/profile for the trace)")
     _limit_args(s)
     _server_args(s)
     s.set_defaults(func=cmd_serve)
@@ -108,6 +110,7 @@ def cmd_serve(args) -> int:
 
     try:
         check_bind(args.host, args.token)
+        _check_profile_steps(args.profile_steps)
         config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.mode,
                               block_size=args.block_size, num_blocks=args.num_blocks,
                               max_batch_tokens=args.max_batch_tokens, max_running=args.max_running,
@@ -127,7 +130,19 @@ def cmd_serve(args) -> int:
         return 2
     info = state.engine.info
     _say(f"loaded {info.get('model')} on {info.get('device')} ({info.get('dtype')}), mode {state.engine.mode}")
+    if args.profile_steps:
+        state.start_profile(args.profile_steps)
+        _say(f"profiling the first {args.profile_steps} steps: GET /api/profile, then its trace_url")
     return _serve(state, args)
+
+
+def _check_profile_steps(steps: int | None) -> None:
+    if steps is None:
+        return
+    from batchscope.engine.profiling import MAX_WINDOW_STEPS
+
+    if not 1 <= steps <= MAX_WINDOW_STEPS:
+        raise ValueError(f"--profile-steps must be from 1 to {MAX_WINDOW_STEPS}, got {steps}")
 
 
 def cmd_replay(args) -> int:

@@ -156,7 +156,8 @@ class EngineCore:
     # -- build: schedule + fill ---------------------------------------------------------------------------------
     def build(self, mode: str, in_flight: Step | None = None) -> Step | None:
         marks = self.profiling
-        marks.before_build()
+        if self.scheduler.running or self.scheduler.queue or not self.inbox.empty():
+            marks.before_build()     # an idle engine's polls leave a window pending until there is work
         t0 = now()
         with marks.range("schedule"):
             self._drain_inbox()

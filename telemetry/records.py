@@ -79,6 +79,7 @@ def request_record(rid: str, arrival_us: float | None, prompt_tokens: int | None
     return {
         "id": rid,
         "arrival_us": arrival_us,
+        "scheduled_us": None,       # the end of the schedule span of the first step it was in
         "first_token_us": None,
         "finish_us": None,
         "prompt_tokens": prompt_tokens,

@@ -86,6 +86,7 @@ REQUEST = {
     "properties": {
         "id": {"type": "string"},
         "arrival_us": _NUM_OR_NULL,
+        "scheduled_us": _NUM_OR_NULL,
         "first_token_us": _NUM_OR_NULL,
         "finish_us": _NUM_OR_NULL,
         "prompt_tokens": {"type": ["integer", "null"], "minimum": 0},

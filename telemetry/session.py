@@ -20,7 +20,8 @@ from .perfetto import to_perfetto
 from .recorder import MAX_RECORDING_BYTES, MAX_RECORDING_STEPS, MAX_RECORDINGS, MAX_RECORDINGS_BYTES, Recorder
 from .records import SCHEMA_ID, span_end, span_start
 from .figures import board, recent
-from .summary import compare, summarize
+from .summary import compare, summarize, union_length
+from .totals import Totals
 
 
 @dataclasses.dataclass
@@ -63,11 +64,12 @@ class Telemetry:
 
         self.hub = Hub(stats=self._live_stats, board=self.live_board, hz=hub_hz, max_pending=hub_max_pending, max_subscribers=max_subscribers)
         self.collector = CollectorPauses()
+        self.totals = Totals(self.info, bandwidth_gbps)
         self.recorder = Recorder(self.origin_ns, ring_steps=ring_steps, ring_requests=ring_requests,
                                  ring_nvml=int(max(nvml_hz, 1.0) * 600), publish=self.hub.publish,
                                  max_recording_steps=max_recording_steps, max_recordings=max_recordings,
                                  max_recording_bytes=max_recording_bytes, max_recordings_bytes=max_recordings_bytes,
-                                 collections=self.collector.take)
+                                 collections=self.collector.take, totals=self.totals)
         device = self.info.get("device") or getattr(getattr(engine, "config", None), "device", None)
         self.device = str(device) if device is not None else None
         self.sampler = Sampler(self.recorder.on_sample, self.now_us, self.device, hz=nvml_hz,
@@ -117,6 +119,9 @@ class Telemetry:
             "evicted_active_requests": rec.evicted_active,
             "subscribers": self.hub.subscribers, "hub_pending_overflow": self.hub.pending_overflow,
             "hub": self.hub.status(),
+            # the header's figure (figures.recent), so the status and the page never disagree
+            "busy_pct_1s": self._live_stats()["busy_pct_1s"],
+            "totals": self.totals.snapshot(),
         }
 
     def _config(self) -> dict:
@@ -183,6 +188,20 @@ class Telemetry:
         # a copy first: the engine thread appends to the ring while this runs on the hub's
         return board(list(self.recorder.steps), live=True, nvml=list(self.recorder.nvml)[-2000:],
                      cache=self._board_cache)
+
+    def _recent_steps(self, now: float, window_s: float) -> list:
+        """The steps whose compute started in the last `window_s` seconds (read from the ring's end)."""
+        since = now - window_s * 1e6
+        return [r for r in list(self.recorder.steps)[-2000:] if r.get("compute_us") and r["compute_us"][0] >= since]
+
+    def busy_ratio(self, window_s: float = 1.0, now_us: float | None = None) -> float:
+        """Event-based busy share of the last `window_s` seconds: the union of the steps' compute spans (CUDA
+        events; the host launch spans on CPU) inside [now - window, now] over the window, as Prometheus
+        scrapes it (`batchscope_gpu_busy_ratio`). The header's `busy_pct_1s` ends at the newest completed step instead
+        (figures.recent), so a step in flight never reads as idle; on a steady load the two agree."""
+        now = self.now_us() if now_us is None else now_us
+        recent = self._recent_steps(now, window_s + 1.0)     # a span that started before the window may reach in
+        return union_length([r["compute_us"] for r in recent], now - window_s * 1e6, now) / (window_s * 1e6)
 
     # ---- recordings, summaries, export -----------------------------------------------------------------------
     def start_recording(self, name: str) -> dict:

@@ -39,8 +39,17 @@ class EngineFailure(RuntimeError):
     """A request failed inside the engine (500): not the caller's fault."""
 
 
+class Conflict(RuntimeError):
+    """The request is fine, the moment is not (409): e.g. a profiler window while another one is open."""
+
+
+class NotInThisBuild(RuntimeError):
+    """What was asked for needs a part this build does not have (501), e.g. the trace importer."""
+
+
 STATUS_BY_ERROR = {ValueError: 400, TimelineError: 400, BusyError: 429, NotFoundError: 404, NoEngineError: 409,
-                   ShuttingDownError: 503, EngineUnavailable: 503, EngineFailure: 500}
+                   ShuttingDownError: 503, EngineUnavailable: 503, EngineFailure: 500, Conflict: 409,
+                   NotInThisBuild: 501}
 OPENAI_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_exceeded"}
 
 

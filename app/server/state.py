@@ -21,10 +21,11 @@ from ..loadtest.manager import BurstManager
 from ..loadtest.specs import BurstSpec, Limits, LoadSpec, Mode
 from ..loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
 from .errors import BusyError, NoEngineError, NotFoundError, ShuttingDownError
+from .profiles import ProfileWindows
 from .prompts import chat_ids, prompt_ids, sampling_params
 from .replay import MAX_JSON_DEPTH, MAX_REPLAY_BYTES, accept_timeline, read_timeline_file
-from .schemas import (Health, ModeChanged, ModeLock, RecordingCaps, RecordingInfo, Recordings, RecordingStarted,
-                      RecordingStopped, ReplayLoaded, Status)
+from .schemas import (Health, ModeChanged, ModeLock, ProfileStatus, RecordingCaps, RecordingInfo, Recordings,
+                      RecordingStarted, RecordingStopped, ReplayLoaded, Status)
 
 RECORDING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 T = TypeVar("T")
@@ -45,8 +46,11 @@ class AppState:
         self._inflight_lock = threading.Lock()
         self._replay_lock = threading.Lock()
         self.bursts: BurstManager | None = None
+        self.profiles: ProfileWindows | None = None
+        self._metrics = None            # the Prometheus registry, made at the first scrape
         if engine is not None:
             self.bursts = BurstManager(engine, self.limits, self.vocab_size, telemetry=telemetry)
+            self.profiles = ProfileWindows(engine)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -95,6 +99,8 @@ class AppState:
             self.telemetry.close()
         if self.engine is not None:
             self.engine.close()
+        if self.profiles is not None:
+            self.profiles.close()
 
     def _need_engine(self):
         if self.engine is None:
@@ -312,6 +318,42 @@ class AppState:
                 pass
         return Recordings(recordings=[d.name for d in details], active=self._recording, details=details,
                           limits=RecordingCaps(**self.telemetry.status()["recordings"]))
+
+    # ------------------------------------------------------------------------------- metrics and profiling
+    def metrics(self) -> bytes:
+        """GET /metrics: the Prometheus text exposition of the live telemetry (telemetry/prometheus.py); empty on
+        a replay-only server, where nothing runs."""
+        if self.telemetry is None:
+            return b""
+        from batchscope.telemetry.prometheus import generate_latest, prometheus_registry
+
+        if self._metrics is None:
+            self._metrics = prometheus_registry(self.telemetry, self.model_name)
+        return generate_latest(self._metrics)
+
+    def start_profile(self, steps: int) -> ProfileStatus:
+        """A torch.profiler window over the engine's next `steps` steps (profiles.py): ValueError out of range,
+        Conflict while one is open."""
+        self._need_engine()
+        self._refuse_when_shutting_down()
+        return ProfileStatus(**self.profiles.start(steps))
+
+    def profile_status(self) -> ProfileStatus:
+        self._need_engine()
+        return ProfileStatus(**self.profiles.status())
+
+    def profile_trace(self) -> str:
+        """The latest window's trace file (NotFoundError until one is done)."""
+        self._need_engine()
+        path = self.profiles.trace_path()
+        if path is None:
+            raise NotFoundError("no profiler trace yet: POST /api/profile, then wait for state 'done'")
+        return path
+
+    def open_profile(self) -> ReplayLoaded:
+        """The latest trace imported as a timeline and loaded as the replay (NotInThisBuild without the importer)."""
+        self._need_engine()
+        return self.load_replay(self.profiles.import_trace())
 
     def _need_telemetry(self):
         self._need_engine()

@@ -4,6 +4,7 @@ import { api, withToken } from "./api.js";
 import { followLive, normalise, replayRange, state, tensorParallel } from "./feed.js";
 import { setConn } from "./header.js";
 import { $, note, setText } from "./util.js";
+import { mountProfile } from "./profile.js";
 
 // Controls that need an engine; a replay-only server disables them.
 const LIVE_ONLY = ["bs-rec", "bs-rec-name", "bs-rec-list", "bs-pause"];
@@ -76,6 +77,7 @@ export function buildScope(el) {
   $("bs-load").onclick = () => $("bs-file").click();
   $("bs-file").onchange = ev => { const f = ev.target.files[0]; ev.target.value = ""; if (f) loadReplayFile(f); };
   $("bs-back-live").onclick = backToLive;
+  mountProfile($("bs-rec-group"), showReplay);     // the profiler window's controls, beside the recording's
   if (!state.live) disableLiveOnly();
   syncControls();
 }

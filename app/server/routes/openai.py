@@ -1,5 +1,10 @@
 """/v1: OpenAI-compatible completions and chat completions (SSE with `stream: true`), and the model list, so that
-the `openai` client, `vllm bench serve` or GuideLLM can drive the engine."""
+the `openai` client, `vllm bench serve` or GuideLLM can drive the engine.
+
+The bodies declare the fields that are served; any other field goes through openai_fields.py, which accepts it
+only where it asks for nothing (or only says who is asking) and refuses it with a 400 otherwise: nothing a client
+sends is ignored silently. Serving a new field is declaring it here (and honouring it).
+"""
 from __future__ import annotations
 
 import time
@@ -11,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..deps import State
 from ..errors import EngineFailure
+from ..openai_fields import check_fields, check_message, check_part, check_stream_options
 from ..state import AppState
 from ..streaming import final_outputs, sse_stream
 
@@ -22,7 +28,7 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 
 class OpenAIBody(BaseModel):
-    model_config = ConfigDict(extra="allow")      # clients send fields we do not use (user, metadata, ...)
+    model_config = ConfigDict(extra="allow")      # the rest is checked by openai_fields.check_fields
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -33,16 +39,10 @@ class OpenAIBody(BaseModel):
     stream: bool = False
     stream_options: dict | None = None
     ignore_eos: bool = False                      # vLLM extension, used by benchmark clients
-    n: int = 1
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
 
 
 class CompletionBody(OpenAIBody):
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
 
 
 class ContentPart(BaseModel):
@@ -60,24 +60,17 @@ class ChatMessage(BaseModel):
 class ChatBody(OpenAIBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    logprobs: bool | None = None
-    tools: list | None = None
 
 
 def _unsupported(body: OpenAIBody) -> None:
-    if body.n != 1:
-        raise ValueError("n must be 1: batchscope returns one choice per prompt")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):
-            raise ValueError(f"{name} is not supported")
-    if getattr(body, "logprobs", None):
-        raise ValueError("logprobs are not supported")
-    if getattr(body, "echo", False):
-        raise ValueError("echo is not supported")
-    if getattr(body, "best_of", None) not in (None, 1):
-        raise ValueError("best_of is not supported")
-    if getattr(body, "tools", None):
-        raise ValueError("tools are not supported")
+    """A 400 (ValueError) for any field, stream option or message part that is not served as asked."""
+    check_fields(body.model_extra or {})
+    check_stream_options(body.stream, body.stream_options)
+    for m in getattr(body, "messages", ()):
+        check_message(m.model_extra or {})
+        for part in m.content if isinstance(m.content, list) else ():
+            if part.type == "text":         # other kinds are refused with the text itself (_message_text)
+                check_part(part.model_extra or {})
 
 
 def _sampling(state: AppState, body: OpenAIBody, prompt_len: int, max_tokens: int | None):
@@ -96,6 +89,12 @@ def _usage_event(body: OpenAIBody, chunk, prompt_tokens: int):
     if not (body.stream_options or {}).get("include_usage"):
         return None
     return lambda produced: chunk([], usage=_usage(prompt_tokens, produced))
+
+
+def _continuous_usage(body: OpenAIBody) -> bool:
+    """stream_options.continuous_usage_stats (vLLM's): usage so far in every chunk, with include_usage."""
+    options = body.stream_options or {}
+    return bool(options.get("include_usage") and options.get("continuous_usage_stats"))
 
 
 def _error_event(d) -> dict:
@@ -137,8 +136,14 @@ def _message_text(m: ChatMessage) -> dict:
 
 @router.get("/models")
 def models(state: State) -> dict:
-    return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": int(state.started),
-                                        "owned_by": "batchscope"}]}
+    """The served model. `root` is where its tokenizer lives on the server (`vllm bench serve` reads it as the model
+    id and its default tokenizer), `max_model_len` its context."""
+    eng = state.engine
+    root = getattr(getattr(eng, "tokenizer", None), "name_or_path", None) if eng is not None else None
+    card = {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "batchscope",
+            "root": root or state.model_name, "parent": None,
+            "max_model_len": eng.info.get("max_model_len") if eng is not None else None}
+    return {"object": "list", "data": [card]}
 
 
 @router.post("/completions")
@@ -161,9 +166,14 @@ async def completions(body: CompletionBody, state: State, request: Request):
 
     prompt_tokens = sum(map(len, ids))
     if body.stream:
+        produced = [0] * len(ids)
+        continuous = _continuous_usage(body)
+
         def event(i, d, _) -> dict | None:
+            produced[i] += len(d.token_ids)
             if d.text or d.finished:
-                return chunk([{"index": i, "text": d.text, "logprobs": None, "finish_reason": _finish(d)}])
+                extra = {"usage": _usage(len(ids[i]), produced[i])} if continuous else {}
+                return chunk([{"index": i, "text": d.text, "logprobs": None, "finish_reason": _finish(d)}], **extra)
             return None
         return sse_stream(handles, event, last=_usage_event(body, chunk, prompt_tokens), on_error=_error_event)
     outs = await final_outputs(handles, request)
@@ -190,13 +200,16 @@ async def chat_completions(body: ChatBody, state: State, request: Request):
                 "choices": choices, **extra}
 
     if body.stream:
-        def event(_, d, __) -> dict | None:
+        continuous = _continuous_usage(body)
+
+        def event(_, d, produced: int) -> dict | None:
             if d.text or d.finished:
+                extra = {"usage": _usage(len(ids), produced)} if continuous else {}
                 return chunk([{"index": 0, "delta": {"content": d.text} if d.text else {}, "logprobs": None,
-                               "finish_reason": _finish(d)}])
+                               "finish_reason": _finish(d)}], **extra)
             return None
         role = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                       "finish_reason": None}])
+                       "finish_reason": None}], **({"usage": _usage(len(ids), 0)} if continuous else {}))
         return sse_stream([handle], event, first=role, last=_usage_event(body, chunk, len(ids)),
                           on_error=_error_event)
     (out,) = await final_outputs([handle], request)
