@@ -12,7 +12,7 @@ import threading
 import time
 
 from batchscope import __version__
-from batchscope.engine.config import DTYPES, MODES
+from batchscope.engine.config import DTYPES, MODES, EngineConfig
 
 from .bench import options as bench_options
 from .bench.options import positive_int
@@ -44,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", default="async", choices=MODES, help="the loop to start in (switchable live)")
     s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: from free memory)")
     s.add_argument("--block-size", type=int, default=16)
-    s.add_argument("--max-batch-tokens", type=int, default=2048)
+    s.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens,
+                   help="per-step token budget: decodes plus prefill chunks")
+    s.add_argument("--no-mixed-graphs", action="store_true",
+                   help="run the steps that carry prefill eagerly (decode steps keep their CUDA graphs)")
     s.add_argument("--max-running", type=int, default=64)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
@@ -101,7 +104,6 @@ def _say(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------- commands
 
 def cmd_serve(args) -> int:
-    from batchscope.engine.config import EngineConfig
     from batchscope.engine.model.loading import preflight
 
     from .loadtest.specs import Limits
@@ -114,7 +116,8 @@ def cmd_serve(args) -> int:
         config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.mode,
                               block_size=args.block_size, num_blocks=args.num_blocks,
                               max_batch_tokens=args.max_batch_tokens, max_running=args.max_running,
-                              seed=args.seed, tensor_parallel_size=args.tensor_parallel_size).validate()
+                              seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
+                              mixed_graphs=not args.no_mixed_graphs).validate()
         preflight(config.model)       # a broken or refused checkpoint folder: one line, before "loading ..."
     except ValueError as e:
         _say(str(e))

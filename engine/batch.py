@@ -11,6 +11,7 @@ are what they were before either existed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -29,6 +30,18 @@ def read_record(record: np.ndarray, k: int) -> tuple[float, list[tuple[int, floa
     """One sampled row's logprobs from its host record: its token's, and the `k` most likely (id, logprob)."""
     ids = record[1 + MAX_TOP_LOGPROBS:1 + MAX_TOP_LOGPROBS + k].view(np.int32)
     return float(record[0]), list(zip(ids.tolist(), record[1:1 + k].tolist()))
+
+
+class GraphShape(NamedTuple):
+    """A step's padded layout, fixed so that a CUDA graph can replay it (graphs.py): `tokens` token rows over
+    `rows` requests. decode: one sampled token per row (tokens == rows); mixed: any split of the tokens, the rows
+    being all of the slot's, every row sampling."""
+    kind: str
+    tokens: int
+    rows: int
+
+
+GRAPH_KINDS = (None, "decode", "mixed")     # their codes on the wire to the other ranks
 
 
 @dataclass
@@ -129,7 +142,7 @@ class Batch:
     any_filter: bool
     num_carried: int
     num_sampled: int                 # rows whose token the host reads back (padding rows excluded)
-    graph_bucket: int | None = None  # set when the step replays a captured decode graph
+    graph: GraphShape | None = None  # the padded layout, when the step may replay a captured graph
     extras: bool = False             # penalties and logprobs run in this step (see the module's docstring)
 
     def to_message(self) -> bytes:
@@ -138,7 +151,9 @@ class Batch:
         lay, s = self.layout, self.slot
         header = {"step": self.plan.step, "slot": s.index, "T": lay.T, "B": lay.B, "S": lay.S,
                   "max_blocks": lay.max_blocks, "n64": n64, "n32": n32, "nf": nf,
-                  "graph_bucket": -1 if self.graph_bucket is None else self.graph_bucket,
+                  "graph_kind": GRAPH_KINDS.index(self.graph.kind if self.graph else None),
+                  "graph_tokens": self.graph.tokens if self.graph else 0,
+                  "graph_rows": self.graph.rows if self.graph else 0,
                   "any_random": self.any_random, "any_filter": self.any_filter, "num_carried": self.num_carried,
                   "num_sampled": self.num_sampled, "max_query_len": self.max_query_len,
                   "max_seq_len": self.max_seq_len, "extras": self.extras}
@@ -153,14 +168,15 @@ class Batch:
         raise KeyError(name)
 
 
-def fill_slot(plan: StepPlan, slot: IoSlot, block_size: int, pad_to: int | None = None,
+def fill_slot(plan: StepPlan, slot: IoSlot, block_size: int, shape: GraphShape | None = None,
               table_width: int | None = None, scratch_block: int = 0, extras: bool | None = None) -> Batch:
     """Write the plan's tokens, positions, cache slots and sampling rows into the slot's pinned host buffers.
 
-    With `pad_to` (a CUDA-graph decode bucket) the layout is fixed: `pad_to` one-token rows and a block table
-    `table_width` wide, so every field sits at the address the graph was captured with. Padding rows decode a
-    dummy token greedily into `scratch_block`, which no request ever owns. `extras` None: from the plan (a
-    capture forces it)."""
+    With a `shape` (a CUDA graph's) the layout is fixed, and a block table `table_width` wide, so every field sits
+    at the address the graph was captured with. A decode shape's padding rows decode a dummy token greedily into
+    `scratch_block`, which no request ever owns; a mixed shape's padding tokens belong to no row and write only
+    `scratch_block`, its padding rows hold no token and sample greedily from token 0. `extras` None: from the plan
+    (a capture forces it)."""
     seqs = plan.seqs
     if extras is None:
         extras = any(s.req.wants_extras for s in seqs)
@@ -169,8 +185,10 @@ def fill_slot(plan: StepPlan, slot: IoSlot, block_size: int, pad_to: int | None 
         fields.update(_penalty_fields(seqs, scratch_row=slot.max_seqs))
     any_random = any(t > 0 for t in fields["temperature"])
     any_filter = any(k > 0 or p < 1.0 for k, p in zip(fields["top_k"], fields["top_p"]))
-    if pad_to is not None:
-        _pad(fields, len(seqs), pad_to, scratch_block * block_size, slot.max_seqs)
+    if shape is not None and shape.kind == "decode":
+        _pad(fields, len(seqs), shape.rows, scratch_block * block_size, slot.max_seqs)
+    elif shape is not None:
+        _pad_mixed(fields, len(seqs), shape, scratch_block * block_size, slot.max_seqs)
     lens = fields["seq_lens"]
     B = len(lens)
     width = table_width or max(len(s.req.blocks) for s in seqs)
@@ -187,7 +205,7 @@ def fill_slot(plan: StepPlan, slot: IoSlot, block_size: int, pad_to: int | None 
     qsl = fields["query_start_loc"]
     return Batch(plan, slot, layout, sizes, qsl, lens, max(q1 - q0 for q0, q1 in zip(qsl, qsl[1:])), max(lens),
                  any_random, any_filter, sum(1 for s in seqs if s.carry_row >= 0), len(plan.sampled),
-                 extras=extras)
+                 graph=shape, extras=extras)
 
 
 def _seq_fields(seqs: list[ScheduledSeq], block_size: int) -> dict[str, list]:
@@ -263,6 +281,29 @@ def _pad(f: dict[str, list], real_rows: int, pad_to: int, scratch_slot: int, scr
             f[name].extend([value] * n)
 
 
+def _pad_mixed(f: dict[str, list], real_rows: int, shape: GraphShape, scratch_slot: int, scratch_row: int) -> None:
+    """Padding up to a mixed shape. Tokens: a dummy at position 0 into the scratch block, in no row (past the
+    last query start: the attention kernel gives them no program, and every other op works token by token).
+    Rows: no tokens and no context (the kernel skips them). Sampled rows: greedy, from token 0, never read back.
+    In an extras step all of it counts in the scratch row with neutral penalties."""
+    tokens = shape.tokens - len(f["input_ids"])
+    rows = shape.rows - real_rows
+    sampled = shape.rows - len(f["sample_idx"])
+    for name, value in (("input_ids", 0), ("positions", 0), ("slot_mapping", scratch_slot), ("carry_rows", -1)):
+        f[name].extend([value] * tokens)
+    f["seq_lens"].extend([0] * rows)
+    f["query_start_loc"].extend([f["query_start_loc"][-1]] * rows)
+    for name, value in (("sample_idx", 0), ("seeds", 0), ("sample_pos", 0), ("top_k", 0), ("temperature", 0.0),
+                        ("top_p", 1.0)):
+        f[name].extend([value] * sampled)
+    if "penalty_rows" in f:
+        for name, n in (("prompt_rows", tokens), ("output_rows", tokens), ("reset_rows", rows),
+                        ("penalty_rows", sampled)):
+            f[name].extend([scratch_row] * n)
+        for name, value in (("repetition", 1.0), ("frequency", 0.0), ("presence", 0.0)):
+            f[name].extend([value] * sampled)
+
+
 # -- the same step on the other tensor-parallel ranks ----------------------------------------------------------
 # Rank 0 fills its slot from the plan; the other ranks get the filled packs (parallel/wire.py) and run the same step.
 def from_message(data: bytes, slot: IoSlot) -> Batch:
@@ -275,9 +316,11 @@ def from_message(data: bytes, slot: IoSlot) -> Batch:
     qsl = slot.np32[a:b].tolist()
     a, b = layout.i32()["seq_lens"]
     lens = slot.np32[a:b].tolist()
+    kind = GRAPH_KINDS[h["graph_kind"]]
+    graph = GraphShape(kind, h["graph_tokens"], h["graph_rows"]) if kind else None
     return Batch(_Relayed(h["step"]), slot, layout, (n64, n32, nf), qsl, lens, h["max_query_len"],
                  h["max_seq_len"], bool(h["any_random"]), bool(h["any_filter"]), h["num_carried"],
-                 h["num_sampled"], None if h["graph_bucket"] < 0 else h["graph_bucket"], bool(h["extras"]))
+                 h["num_sampled"], graph, bool(h["extras"]))
 
 
 @dataclass

@@ -32,7 +32,8 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
     attention: str = "auto"         # "auto" | "torch" | "triton"
-    cuda_graphs: bool = True        # decode steps replay CUDA graphs where the attention path allows it
+    cuda_graphs: bool = True        # steps replay CUDA graphs where the attention path allows it (graphs.py)
+    mixed_graphs: bool = True       # steps with prefill too, not only decode (one rank; budgets to 2048 tokens)
     fused_kernels: bool = True      # batchscope's kernels in the model (model/speedups.py): on CUDA with Triton,
                                     # fused norms, rotary, SiLU*up, few-row GEMMs; on CPU, oneDNN-packed linears
     merge_projections: bool = True  # one GEMM for q/k/v and one for gate/up per layer (kernels/projections.py)

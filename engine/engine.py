@@ -258,8 +258,11 @@ class Engine:
             "cuda_graphs": self.runner.graphs.enabled, "fused_kernels": len(self.kernels),
             # whether those kernels start while the kernel before them finishes (kernels/dependent_launch.py)
             "dependent_launch": self.attention == "triton" and _launches_early(self.device),
-            # why decode runs eagerly although graphs were asked for (None when they run), and how experts run
+            # why steps run eagerly although graphs were asked for (None when they run), and how experts run
             "cuda_graphs_note": self.runner.graphs.note, "graph_experts": self.runner.graphs.experts_impl,
+            # the token buckets of the steps with prefill that replay graphs ([]: they run eagerly), and why not
+            "mixed_graph_tokens": list(self.runner.graphs.mixed_buckets),
+            "mixed_graphs_note": self.runner.graphs.mixed_note,
             # the device's token counts for penalties (penalties.py): a row per request that may run at once
             "penalty_counts_bytes": self.runner.penalties.nbytes,
             "support": self.support,

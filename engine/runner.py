@@ -8,14 +8,15 @@ listed in loop.py's docstring (this module and graphs.py hold all of them); keep
 CPU there are no streams or events: `launch()` runs the step to completion and `wait()` returns at once, which keeps
 both loops valid there.
 
-Decode-only steps replay CUDA graphs (one per IO slot, batch-size bucket and sampling path) with the carry-over
-gather and the sampling inside the graph (penalties and logprobs too, on the extras path), so a step costs the host
-one launch instead of hundreds. All of them are captured at start-up: a capture synchronises the device, and one
-met mid-serving (the first sampled request in a bucket) would stall every request in flight. A model whose greedy
-decode step cannot be captured (it synchronises with the host, or the capture fails) runs every step eagerly
-instead; a sampling path (random, filtered, extras) that cannot be captured runs eagerly alone. `graphs.note` says
-why: never a crash at start-up. The graphs are a part of their own (graphs.py, `DecodeGraphs`): the runner asks it
-for a step's bucket and lets it replay.
+Steps replay CUDA graphs (one per IO slot, padded shape and sampling path: decode steps by batch size, steps with
+prefill by token count) with the carry-over gather and the sampling inside the graph (penalties and logprobs too,
+on the extras path), so a step costs the host one launch instead of hundreds. All of them are captured at start-up:
+a capture synchronises the device, and one met mid-serving (the first sampled request in a bucket) would stall
+every request in flight. A model whose greedy decode step cannot be captured (it synchronises with the host, or the
+capture fails) runs every step eagerly instead; a sampling path (random, filtered, extras) that cannot be captured
+runs eagerly alone, and mixed steps that cannot be captured run eagerly while decode keeps its graphs.
+`graphs.note` and `graphs.mixed_note` say why: never a crash at start-up. The graphs are a part of their own
+(graphs.py, `StepGraphs`): the runner asks it for a step's shape and lets it replay.
 
 Under tensor parallelism the runner relays each step to the other ranks just before launching it (`ranks`, a
 parallel.ranks.RankGroup; for one rank every call on it is a no-op).
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .batch import Batch, IoSlot, fill_slot
-from .graphs import DecodeGraphs
+from .graphs import StepGraphs
 from .kv_cache import KVCache
 from .model.attention import AttentionMetadata, use_metadata
 from .model.source import embeds_only, logits_epilogue
@@ -72,7 +73,7 @@ class Launched:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, max_tokens: int,
                  max_seqs: int, max_blocks: int, attention: str, cuda_graphs: bool = False,
-                 ranks: RankGroup | None = None):
+                 ranks: RankGroup | None = None, mixed_graphs: bool = False):
         self.model, self.kv, self.device, self.attention = model, kv, device, attention
         self.ranks = ranks or RankGroup()
         self.max_blocks = max_blocks
@@ -103,24 +104,22 @@ class ModelRunner:
         note = None
         if cuda_graphs and self.cuda and attention != "triton":
             note = "the torch attention path loops over host-side lengths and cannot be captured"
-        self.graphs = DecodeGraphs(model, device, self.slots, self.events, self.compute_stream, self._forward,
-                                   self.carry_source, self.block_size, max_blocks, kv.scratch_block,
-                                   min(max_seqs, max_tokens), cuda_graphs and self.cuda and attention == "triton",
-                                   note)
+        self.graphs = StepGraphs(model, device, self.slots, self.events, self.compute_stream, self._forward,
+                                 self.carry_source, self.block_size, max_blocks, kv.scratch_block,
+                                 min(max_seqs, max_tokens), cuda_graphs and self.cuda and attention == "triton",
+                                 note, max_tokens=max_tokens, mixed=mixed_graphs)
         self.allreduce_us: dict[int, float] = {}   # tensor parallel: one all-reduce of [rows, hidden], measured
 
     # -- prepare ------------------------------------------------------------------------------------------------
     def prepare(self, plan: StepPlan) -> Batch:
-        """Fill the step's IO slot; decode-only steps get the fixed layout of their graph bucket."""
+        """Fill the step's IO slot; a step with a graph gets the fixed layout of its shape."""
         slot = self.slot_for(plan.step)
         self.wait_slot_free(slot)
-        bucket = self.graphs.bucket_for(plan)
-        if bucket is None:
+        shape = self.graphs.shape_for(plan)
+        if shape is None:
             return fill_slot(plan, slot, self.block_size)
-        batch = fill_slot(plan, slot, self.block_size, pad_to=bucket, table_width=self.max_blocks,
-                          scratch_block=self.kv.scratch_block)
-        batch.graph_bucket = bucket
-        return batch
+        return fill_slot(plan, slot, self.block_size, shape=shape, table_width=self.max_blocks,
+                         scratch_block=self.kv.scratch_block)
 
     def slot_for(self, step: int) -> IoSlot:
         return self.slots[step % 2]
@@ -184,10 +183,10 @@ class ModelRunner:
         return Launched(batch, ev, anchor)
 
     def _compute(self, batch: Batch, prev_out: torch.Tensor, start=None) -> None:
-        """Runs on the compute stream: a graph replay for bucketed decode steps, else the eager forward (also for
+        """Runs on the compute stream: a graph replay for a step with a shape, else the eager forward (also for
         a sampling path whose graphs could not be captured). `start` (an event) is recorded just before the
         step's first kernel."""
-        if batch.graph_bucket is None or not self.graphs.replay(batch, start):
+        if batch.graph is None or not self.graphs.replay(batch, start):
             self._forward(batch, prev_out, start)
 
     def free_cached_memory(self) -> None:
@@ -200,7 +199,7 @@ class ModelRunner:
         """Carry-over gather first, then the model forward and sampling. The host-side set-up (views, metadata)
         comes before `start` is recorded, so the device is not counted busy while the host prepares."""
         input_ids = batch.view("input_ids")
-        carry = batch.num_carried or batch.graph_bucket is not None
+        carry = batch.num_carried or batch.graph is not None
         rows = batch.view("carry_rows") if carry else None
         positions = batch.view("positions")[None]
         B = batch.layout.B

@@ -79,9 +79,10 @@ def test_the_extras_graphs_are_captured_at_start_up_and_their_steps_replay_them(
     graphs = eng.runner.graphs
     assert graphs.enabled and "extras" not in graphs.eager_paths, graphs.note
     slots = (0, 1)
-    old = {(s, b, p) for s in slots for b in graphs.buckets for p in ("greedy", "random", "filtered")}
+    old = {(s, shape, p) for s in slots for shape in graphs.shapes() for p in ("greedy", "random", "filtered")}
     assert {k for k in graphs.keys() if k[2] != "extras"} == old          # the paths without extras: unchanged
-    assert {k for k in graphs.keys() if k[2] == "extras"} == {(s, b, "extras") for s in slots for b in graphs.buckets}
+    assert {k for k in graphs.keys() if k[2] == "extras"} == {(s, shape, "extras") for s in slots
+                                                              for shape in graphs.shapes()}
     assert set(graphs.graphs) == set(graphs.keys())
     print(f"graphs: {len(graphs.keys())} (was {len(old)}); penalty counts: {eng.runner.penalties.nbytes} bytes")
     captured, replayed = graphs.captures, []

@@ -51,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-tokens", type=positive_int, default=None,
                    help="per-step token budget, for both systems (default: enough to prefill all prompts at "
                         "once, between 2048 and 8192)")
+    p.add_argument("--no-mixed-graphs", action="store_true",
+                   help="batchscope runs the steps that carry prefill eagerly (decode keeps its CUDA graphs)")
     p.add_argument("--num-blocks", type=positive_int, default=None,
                    help="batchscope KV blocks (default: exactly enough for the workload, plus one per request)")
     p.add_argument("--bandwidth-mib", type=positive_int, default=None,

@@ -137,7 +137,8 @@ def _engine_config(args, per_request: int) -> EngineConfig:
     return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.modes[0],
                         block_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
                         max_running=args.requests, seed=args.seed,
-                        tensor_parallel_size=args.tensor_parallel_size).validate()
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        mixed_graphs=not args.no_mixed_graphs).validate()
 
 
 def _baseline_labels(tf: TransformersRunner, skipped: dict) -> list[str]:

@@ -88,7 +88,8 @@ def served_engine_config(args) -> EngineConfig:
                         block_size=block, num_blocks=num_blocks,
                         max_batch_tokens=args.max_batch_tokens or EngineConfig.max_batch_tokens,
                         max_running=args.max_running, seed=args.seed,
-                        tensor_parallel_size=args.tensor_parallel_size).validate()
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        mixed_graphs=not args.no_mixed_graphs).validate()
 
 
 def _warm_up(args, bs, tf, labels, plan) -> None:
