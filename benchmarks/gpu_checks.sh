@@ -50,7 +50,7 @@ if has demo; then      # a timeline with live switches, for `batchscope replay` 
   python3 benchmarks/demo_timeline.py --out "$OUT/demo.timeline.json" 2>&1 | tee "$OUT/demo.log"
 fi
 BENCH="python3 -m batchscope.app.bench --model llama3-8b-random --device cuda --requests 32 --prompt-tokens 256"
-if has bench-a; then   # (a) the issue's workload, side by side with transformers' continuous batching
+if has bench-a; then   # (a) the headline workload, side by side with transformers' continuous batching
   $BENCH --new-tokens 512 --modes sync,async --baseline transformers --out "$OUT/bench_a.json" --no-progress \
     2>&1 | tee "$OUT/bench_a.log"
 fi
@@ -58,7 +58,7 @@ if has bench-a-engine; then   # (a) without the baseline: batchscope's two modes
   $BENCH --new-tokens 512 --modes sync,async --out "$OUT/bench_a_engine.json" --no-progress \
     2>&1 | tee "$OUT/bench_a_engine.log"
 fi
-# The served workload (issue 30): 240 requests, prompts 128-1024 and 64-512 new tokens (EOS ignored), Poisson
+# The served workload: 240 requests, prompts 128-1024 and 64-512 new tokens (EOS ignored), Poisson
 # arrivals, seed 11, 64 running at most; the same seeded requests in both modes.
 SERVED="python3 -m batchscope.app.bench --workload served --model llama3-8b-random --device cuda --max-running 64
   --requests 240 --prompt-tokens 128:1024 --new-tokens 64:512 --arrival poisson --seed 11 --modes sync,async

@@ -27,7 +27,8 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None   # None: from kv_memory_fraction of free GPU memory (512 on CPU)
     kv_memory_fraction: float = 0.5
-    max_batch_tokens: int = 2048    # per-step token budget (prefill chunks + decodes)
+    max_batch_tokens: int = 256     # per-step token budget (prefill chunks + decodes): small enough that a step
+                                    # carrying a chunk stays within 2x a decode step (the ITL tail), with graphs
     max_running: int = 64
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
