@@ -195,9 +195,12 @@ class AppState:
 
     def sampling(self, prompt_len: int, max_new_tokens: int | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, ignore_eos: bool = False,
-                 stop=()) -> SamplingParams:
+                 stop=(), *, logprobs: int | None = None, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, repetition_penalty: float = 1.0) -> SamplingParams:
         return sampling_params(self.limits, self._need_engine().info.get("max_model_len"), prompt_len,
-                               max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, stop)
+                               max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, stop, logprobs=logprobs,
+                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                               repetition_penalty=repetition_penalty)
 
     @property
     def max_inflight(self) -> int:
