@@ -1,10 +1,11 @@
 """What the OpenAI routes do with every request field a client may send: each is served, accepted only at the value
-that asks for nothing (what `vllm bench serve` sends for sampling it leaves alone, `repetition_penalty: 1.0`), or
-refused with a 400 that names it. None is ignored silently: a field this table does not know is refused too.
+that asks for nothing (what a client sends for what it leaves alone: `n: 1`, `tools: []`), or refused with a 400
+that names it. None is ignored silently: a field this table does not know is refused too.
 
 Served (routes/openai.py declares them): model, prompt / messages (text, or lists of text parts), max_tokens,
 max_completion_tokens (chat), temperature, top_p, top_k, seed, stop, stream, stream_options (include_usage,
-continuous_usage_stats), ignore_eos. Below: the rest.
+continuous_usage_stats), ignore_eos, presence_penalty, frequency_penalty, repetition_penalty, logprobs (a count on
+completions; true or false on chat, with top_logprobs). Below: the rest.
 """
 from __future__ import annotations
 
@@ -18,11 +19,8 @@ NEUTRAL: dict[str, tuple[tuple, str]] = {
     "n": ((1, None), "n must be 1: batchscope returns one choice per prompt"),
     "best_of": ((1, None), "best_of is not supported"),
     "echo": ((False, None), "echo is not supported"),
-    "logprobs": ((None, False), "logprobs are not supported"),
-    "top_logprobs": ((None, 0), "top_logprobs are not supported"),
-    "presence_penalty": ((None, 0, 0.0), "presence_penalty is not supported"),
-    "frequency_penalty": ((None, 0, 0.0), "frequency_penalty is not supported"),
-    "repetition_penalty": ((None, 1, 1.0), "repetition_penalty is not supported (1.0, no penalty, is accepted)"),
+    # chat's field (declared there); on /v1/completions, where it means nothing, only what asks for nothing
+    "top_logprobs": ((None, 0), "top_logprobs belongs to chat completions: /v1/completions takes logprobs: k"),
     "min_p": ((None, 0, 0.0), "min_p is not supported"),
     "min_tokens": ((None, 0), "min_tokens is not supported"),
     "logit_bias": ((None, {}), "logit_bias is not supported"),

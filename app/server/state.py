@@ -8,6 +8,7 @@ malformed timeline, 400); loadtest's ModeLocked (a mode switch during an A/B, 40
 """
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -21,6 +22,7 @@ from ..loadtest.manager import BurstManager
 from ..loadtest.specs import BurstSpec, Limits, LoadSpec, Mode
 from ..loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
 from .errors import BusyError, NoEngineError, NotFoundError, ShuttingDownError
+from .openai_logprobs import TokenStrings
 from .profiles import ProfileWindows
 from .prompts import chat_ids, prompt_ids, sampling_params
 from .replay import MAX_JSON_DEPTH, MAX_REPLAY_BYTES, accept_timeline, read_timeline_file
@@ -193,11 +195,19 @@ class AppState:
     def encode_messages(self, messages: list[dict]) -> list[int]:
         return chat_ids(self._need_engine().tokenizer, messages, self.limits, self.model_name)
 
+    @functools.cached_property
+    def token_strings(self) -> TokenStrings:
+        """Token ids' strings and bytes for logprobs, kept for the server's life (the tokenizer does not change)."""
+        return TokenStrings(self._need_engine().tokenizer)
+
     def sampling(self, prompt_len: int, max_new_tokens: int | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, ignore_eos: bool = False,
-                 stop=()) -> SamplingParams:
+                 stop=(), *, logprobs: int | None = None, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, repetition_penalty: float = 1.0) -> SamplingParams:
         return sampling_params(self.limits, self._need_engine().info.get("max_model_len"), prompt_len,
-                               max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, stop)
+                               max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, stop, logprobs=logprobs,
+                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                               repetition_penalty=repetition_penalty)
 
     @property
     def max_inflight(self) -> int:

@@ -11,12 +11,15 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.concurrency import run_in_threadpool
+
+from batchscope.engine.config import MAX_TOP_LOGPROBS
 
 from ..deps import State
 from ..errors import EngineFailure
 from ..openai_fields import check_fields, check_message, check_part, check_stream_options
+from ..openai_logprobs import CompletionLogprobs, chat_logprobs
 from ..state import AppState
 from ..streaming import final_outputs, sse_stream
 
@@ -39,10 +42,15 @@ class OpenAIBody(BaseModel):
     stream: bool = False
     stream_options: dict | None = None
     ignore_eos: bool = False                      # vLLM extension, used by benchmark clients
+    presence_penalty: float | None = None         # -2 to 2; unset: 0, none
+    frequency_penalty: float | None = None        # -2 to 2; unset: 0, none
+    repetition_penalty: float | None = None       # vLLM extension, > 0; unset: 1, none
 
 
 class CompletionBody(OpenAIBody):
     prompt: str | list[str] | list[int] | list[list[int]]
+    # the legacy form: how many alternatives besides the chosen token, 0 to MAX_TOP_LOGPROBS; false or null: none
+    logprobs: StrictBool | int | None = None
 
 
 class ContentPart(BaseModel):
@@ -60,6 +68,8 @@ class ChatMessage(BaseModel):
 class ChatBody(OpenAIBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None               # 0 to MAX_TOP_LOGPROBS, with logprobs: true
 
 
 def _unsupported(body: OpenAIBody) -> None:
@@ -73,11 +83,43 @@ def _unsupported(body: OpenAIBody) -> None:
                 check_part(part.model_extra or {})
 
 
-def _sampling(state: AppState, body: OpenAIBody, prompt_len: int, max_tokens: int | None):
+def _sampling(state: AppState, body: OpenAIBody, prompt_len: int, max_tokens: int | None, logprobs: int | None):
     stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
     top_k = body.top_k if body.top_k and body.top_k > 0 else 0
     return state.sampling(prompt_len, max_tokens, 1.0 if body.temperature is None else body.temperature,
-                          1.0 if body.top_p is None else body.top_p, top_k, body.seed, body.ignore_eos, stop)
+                          1.0 if body.top_p is None else body.top_p, top_k, body.seed, body.ignore_eos, stop,
+                          logprobs=logprobs, presence_penalty=_unset_is(body.presence_penalty, 0.0),
+                          frequency_penalty=_unset_is(body.frequency_penalty, 0.0),
+                          repetition_penalty=_unset_is(body.repetition_penalty, 1.0))
+
+
+def _unset_is(value, default):
+    return default if value is None else value
+
+
+def _alternatives(name: str, value) -> int:
+    if isinstance(value, bool) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}")
+    return value
+
+
+def _completion_logprobs(body: CompletionBody) -> int | None:
+    """The engine's logprobs count for /v1/completions' `logprobs: k` (None: none asked)."""
+    if body.logprobs is True:
+        raise ValueError(f"logprobs on /v1/completions is how many alternatives to return, 0 to {MAX_TOP_LOGPROBS} "
+                         "(logprobs: true is the chat completions form)")
+    if body.logprobs is None or body.logprobs is False:       # not `in (None, False)`: 0 == False
+        return None
+    return _alternatives("logprobs", body.logprobs)
+
+
+def _chat_logprobs(body: ChatBody) -> int | None:
+    """The engine's logprobs count for chat's `logprobs: true` and `top_logprobs: k` (None: none asked)."""
+    if not body.logprobs:
+        if body.top_logprobs:           # 0 or null asks for nothing, as before logprobs were served
+            raise ValueError("top_logprobs needs logprobs: true")
+        return None
+    return _alternatives("top_logprobs", body.top_logprobs or 0)
 
 
 def _usage(prompt: int, completion: int) -> dict:
@@ -149,6 +191,7 @@ def models(state: State) -> dict:
 @router.post("/completions")
 async def completions(body: CompletionBody, state: State, request: Request):
     _unsupported(body)
+    alternatives = _completion_logprobs(body)
     one = isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int))
     prompts = [body.prompt] if one else list(body.prompt)
     if not prompts:
@@ -157,7 +200,7 @@ async def completions(body: CompletionBody, state: State, request: Request):
         raise ValueError(f"{len(prompts)} prompts in one request, over the limit of {state.limits.max_burst_requests}")
     ids = [await run_in_threadpool(state.encode, p) for p in prompts]
     max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    handles = _submit_all(state, ids, [_sampling(state, body, len(x), max_tokens) for x in ids])
+    handles = _submit_all(state, ids, [_sampling(state, body, len(x), max_tokens, alternatives) for x in ids])
     cid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name
 
     def chunk(choices: list, **extra) -> dict:
@@ -168,31 +211,39 @@ async def completions(body: CompletionBody, state: State, request: Request):
     if body.stream:
         produced = [0] * len(ids)
         continuous = _continuous_usage(body)
+        columns = [CompletionLogprobs(state.token_strings) for _ in ids] if alternatives is not None else None
 
         def event(i, d, _) -> dict | None:
             produced[i] += len(d.token_ids)
-            if d.text or d.finished:
+            # with logprobs, a delta whose text the detokenizer holds back (half a character) is a chunk too: each
+            # token's logprob comes with the delta that carried the token
+            if d.text or d.finished or (columns and d.token_ids):
                 extra = {"usage": _usage(len(ids[i]), produced[i])} if continuous else {}
-                return chunk([{"index": i, "text": d.text, "logprobs": None, "finish_reason": _finish(d)}], **extra)
+                logprobs = columns[i].piece(d.token_ids, d.logprobs, d.top_logprobs) if columns else None
+                return chunk([{"index": i, "text": d.text, "logprobs": logprobs, "finish_reason": _finish(d)}],
+                             **extra)
             return None
         return sse_stream(handles, event, last=_usage_event(body, chunk, prompt_tokens), on_error=_error_event)
     outs = await final_outputs(handles, request)
     _raise_engine_error(outs)
-    choices = [{"index": i, "text": o.text, "logprobs": None, "finish_reason": FINISH.get(o.finish_reason)}
-               for i, o in enumerate(outs)]
+    choices = [{"index": i, "text": o.text,
+                "logprobs": None if alternatives is None else
+                CompletionLogprobs(state.token_strings).piece(o.token_ids, o.logprobs, o.top_logprobs),
+                "finish_reason": FINISH.get(o.finish_reason)} for i, o in enumerate(outs)]
     return chunk(choices, usage=_usage(prompt_tokens, sum(len(o.token_ids) for o in outs)))
 
 
 @router.post("/chat/completions")
 async def chat_completions(body: ChatBody, state: State, request: Request):
     _unsupported(body)
+    alternatives = _chat_logprobs(body)
     messages = [_message_text(m) for m in body.messages]
     ids = await run_in_threadpool(state.encode_messages, messages)
     max_tokens = body.max_completion_tokens or body.max_tokens
     if max_tokens is None:
         room = (state.engine.info.get("max_model_len") or 10**9) - len(ids)
         max_tokens = max(1, min(CHAT_DEFAULT_MAX_TOKENS, state.limits.max_new_tokens, room))
-    handle = state.submit(ids, _sampling(state, body, len(ids), max_tokens))
+    handle = state.submit(ids, _sampling(state, body, len(ids), max_tokens, alternatives))
     cid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name
 
     def chunk(choices: list, **extra) -> dict:
@@ -203,9 +254,11 @@ async def chat_completions(body: ChatBody, state: State, request: Request):
         continuous = _continuous_usage(body)
 
         def event(_, d, produced: int) -> dict | None:
-            if d.text or d.finished:
+            if d.text or d.finished or (alternatives is not None and d.token_ids):     # as in completions
                 extra = {"usage": _usage(len(ids), produced)} if continuous else {}
-                return chunk([{"index": 0, "delta": {"content": d.text} if d.text else {}, "logprobs": None,
+                logprobs = (None if alternatives is None else
+                            chat_logprobs(state.token_strings, d.token_ids, d.logprobs, d.top_logprobs))
+                return chunk([{"index": 0, "delta": {"content": d.text} if d.text else {}, "logprobs": logprobs,
                                "finish_reason": _finish(d)}], **extra)
             return None
         role = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -215,6 +268,8 @@ async def chat_completions(body: ChatBody, state: State, request: Request):
     (out,) = await final_outputs([handle], request)
     _raise_engine_error([out])
     return {"id": cid, "object": "chat.completion", "created": created, "model": name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
+                         "logprobs": None if alternatives is None else
+                         chat_logprobs(state.token_strings, out.token_ids, out.logprobs, out.top_logprobs),
                          "finish_reason": FINISH.get(out.finish_reason)}],
             "usage": _usage(len(ids), len(out.token_ids))}
