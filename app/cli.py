@@ -55,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     _server_args(s)
     s.set_defaults(func=cmd_serve)
 
-    r = sub.add_parser("replay", help="open the UI on a recorded timeline, without loading a model")
-    r.add_argument("file", help="a batchscope.timeline/1 JSON file (GET /api/timeline.json saves one)")
+    r = sub.add_parser("replay", help="open the UI on a recorded timeline or a profiler trace, without loading a model")
+    r.add_argument("file", help="a batchscope.timeline/1 JSON file (GET /api/timeline.json saves one), or a "
+                                "profiler trace (Kineto JSON, .gz or not), imported on the fly")
     _server_args(r)
     r.set_defaults(func=cmd_replay)
 
@@ -158,12 +159,16 @@ def cmd_replay(args) -> int:
     except ValueError as e:
         _say(str(e))
         return 2
+    from .trace_import import progress_bar
+
     try:
-        state = AppState.from_replay_file(args.file)
+        with progress_bar(f"importing {os.path.basename(args.file)}") as progress:   # shown only for a trace
+            state = AppState.from_replay_file(args.file, progress=progress)
     except (TimelineError, ValueError, OSError) as e:
         _say(f"cannot replay {args.file}: {e}")
         return 2
-    _say(f"replaying {args.file}: {len(state.replay.get('steps', []))} steps, no model loaded")
+    imported = " (a profiler trace, imported)" if state.replay["meta"].get("source") else ""
+    _say(f"replaying {args.file}{imported}: {len(state.replay.get('steps', []))} steps, no model loaded")
     return _serve(state, args)
 
 
