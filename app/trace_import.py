@@ -34,15 +34,17 @@ def default_output(trace: str | Path) -> Path:
 
 @contextmanager
 def progress_bar(what: str):
-    """The importer's progress(bytes_done, bytes_total) as a bar on stderr, where stderr is a terminal."""
+    """The importer's progress(bytes_done, bytes_total) as a bar on stderr, where stderr is a terminal; it appears
+    at the first report (a timeline given to `batchscope replay` makes none)."""
     from tqdm import tqdm
 
-    bar = tqdm(desc=what, unit="B", unit_scale=True, unit_divisor=1024, leave=False, file=sys.stderr,
-               disable=None, dynamic_ncols=True)
+    bars = []
 
     def progress(done: int, total: int) -> None:
-        if bar.total != total:
-            bar.total = total
+        if not bars:
+            bars.append(tqdm(desc=what, total=total, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
+                             file=sys.stderr, disable=None, dynamic_ncols=True))
+        bar = bars[0]
         bar.update(done - bar.n)
         if done >= total:               # read; the steps and idle causes are worked out next
             bar.set_description_str(f"{what}: naming the idle time")
@@ -50,7 +52,8 @@ def progress_bar(what: str):
     try:
         yield progress
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()
 
 
 def write_timeline(timeline: dict, path: Path) -> None:
