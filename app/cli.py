@@ -1,4 +1,4 @@
-"""`batchscope serve | replay | bench | soak`: the command line.
+"""`batchscope serve | replay | import | bench | soak`: the command line.
 
 It imports nothing heavy until a command runs: `batchscope --help` and `--version` load neither torch nor the web
 server. Each command imports what it needs inside its function (the server, the engine, the bench's runners).
@@ -58,10 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     _server_args(s)
     s.set_defaults(func=cmd_serve)
 
-    r = sub.add_parser("replay", help="open the UI on a recorded timeline, without loading a model")
-    r.add_argument("file", help="a batchscope.timeline/1 JSON file (GET /api/timeline.json saves one)")
+    r = sub.add_parser("replay", help="open the UI on a recorded timeline or a profiler trace, without loading a model")
+    r.add_argument("file", help="a batchscope.timeline/1 JSON file (GET /api/timeline.json saves one), or a "
+                                "profiler trace (Kineto JSON, .gz or not), imported on the fly")
     _server_args(r)
     r.set_defaults(func=cmd_replay)
+
+    _add_import_parser(sub)
 
     # the tools' options are defined once, in their own options.py (argparse only)
     b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload",
@@ -159,13 +162,38 @@ def cmd_replay(args) -> int:
     except ValueError as e:
         _say(str(e))
         return 2
+    from .trace_import import progress_bar
+
     try:
-        state = AppState.from_replay_file(args.file)
+        with progress_bar(f"importing {os.path.basename(args.file)}") as progress:   # shown only for a trace
+            state = AppState.from_replay_file(args.file, progress=progress)
     except (TimelineError, ValueError, OSError) as e:
         _say(f"cannot replay {args.file}: {e}")
         return 2
-    _say(f"replaying {args.file}: {len(state.replay.get('steps', []))} steps, no model loaded")
+    imported = " (a profiler trace, imported)" if state.replay["meta"].get("source") else ""
+    _say(f"replaying {args.file}{imported}: {len(state.replay.get('steps', []))} steps, no model loaded")
     return _serve(state, args)
+
+
+def _add_import_parser(sub) -> None:
+    i = sub.add_parser("import", help="turn profiler traces (vLLM, SGLang, transformers, torch.profiler) into a "
+                                      "timeline", description="Import Kineto / torch.profiler traces (JSON, .gz or "
+                                      "not) as a batchscope.timeline/1 file; docs/import.md.")
+    i.add_argument("traces", nargs="+", metavar="TRACE", help="a trace file; several: the ranks of one run")
+    i.add_argument("-o", "--output", metavar="OUT", default=None,
+                   help="the timeline to write (.gz: gzipped; default: beside the first trace, NAME.timeline.json)")
+    i.add_argument("--kernels", action="store_true", help="also keep every device op, for the Perfetto export")
+    i.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                   help="processes parsing a large file (default: one per core; 1: this process only)")
+    i.add_argument("--partial", action="store_true",
+                   help="import the part of a truncated trace that was written, instead of refusing it")
+    i.set_defaults(func=cmd_import)
+
+
+def cmd_import(args) -> int:
+    from .trace_import import run          # numpy and the importer load here
+
+    return run(args.traces, args.output, args.kernels, args.workers, args.partial)
 
 
 def cmd_bench(args) -> int:

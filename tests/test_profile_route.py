@@ -141,6 +141,37 @@ def test_opening_the_trace_needs_the_importer(client, served, switched_timeline,
     assert client.get("/api/replay.json").json()["steps"] == timeline["steps"]
 
 
+def test_the_window_opens_as_the_replay_through_the_real_importer(client, served):
+    """No stand-in: the trace torch.profiler wrote over a window of this CPU engine, imported by the trace importer
+    and loaded as the replay, with the steps of the window and the live recording of them beside it."""
+    import batchscope.telemetry.importers as importers
+
+    assert sys.modules["batchscope.telemetry.importers"] is importers and not hasattr(importers, "seen")
+    assert client.post("/api/profile", json={"steps": 4}).status_code == 200
+    generate(client, prompts=2, tokens=10)
+    s = wait_done(client)
+    assert s["state"] == "done" and s["open_url"] == "/api/profile/open", s
+    r = client.post(s["open_url"])
+    assert r.status_code == 200, r.text
+    assert r.json()["meta"]["source"]["engine"] == "batchscope"
+    replay = client.get("/api/replay.json").json()
+    window = list(range(s["first_step"], s["last_step"] + 1))
+    numbers = [step["step"] for step in replay["steps"]]
+    # every step of the window; in async also the next one, whose launch the window's last step made
+    assert numbers[:4] == window and len(numbers) <= 5, numbers
+    assert replay["meta"]["source"]["files"][0]["name"] == os.path.basename(served[1].profiles.trace_path())
+    assert replay["meta"]["source"]["steps_from"].startswith("batchscope's own ranges")
+    assert {step["mode"] for step in replay["steps"]} == {"async"} and replay["summary"]["board"]
+    # the same steps in the live recording: on a CPU each one's compute is its launch span, which the trace holds
+    # as its launch range (the engine stamps just outside the range, so the two differ by the range's own cost)
+    live = {rec["step"]: rec for rec in client.get("/api/timeline.json").json()["steps"]}
+    for step in replay["steps"][:4]:
+        imported_us = step["compute_us"][1] - step["compute_us"][0]
+        recorded_us = live[step["step"]]["compute_us"][1] - live[step["step"]]["compute_us"][0]
+        assert imported_us == pytest.approx(recorded_us, abs=max(500.0, 0.1 * recorded_us)), step["step"]
+    assert client.get("/api/status").status_code == 200           # the engine serves on
+
+
 def test_a_replay_only_server_has_no_engine_to_profile(switched_timeline):
     state = AppState(replay=switched_timeline(gpu=True))
     with TestClient(create_app(state, ui=False)) as c:

@@ -71,10 +71,11 @@ class AppState:
         return cls(engine, telemetry, limits)
 
     @classmethod
-    def from_replay_file(cls, path: str | Path, limits: Limits | None = None) -> AppState:
-        """Replay-only: no model, the UI shows a recorded timeline. Raises TimelineError if the file is bad. A
-        local file has no size limit (that is the way to replay one over MAX_REPLAY_BYTES)."""
-        return cls(limits=limits, replay=with_board(read_timeline_file(path)))
+    def from_replay_file(cls, path: str | Path, limits: Limits | None = None, progress=None) -> AppState:
+        """Replay-only: no model, the UI shows a recorded timeline, or a profiler trace imported as one
+        (`progress(bytes_done, bytes_total)` while it is read). Raises TimelineError if the file is bad. A local
+        file has no size limit (that is the way to replay one over MAX_REPLAY_BYTES)."""
+        return cls(limits=limits, replay=with_board(read_timeline_file(path, progress=progress)))
 
     def begin_shutdown(self) -> None:
         """The server is going down: refuse new work, cancel bursts and every request in flight, so that open
@@ -369,14 +370,15 @@ class AppState:
         self._need_engine()
         return self.telemetry
 
-    def load_replay(self, obj) -> ReplayLoaded:
-        """Validate a timeline and keep it for the UI's replay view (replay.py says what `obj` may be).
-        Raises telemetry.TimelineError saying where and why, BusyError while another replay is being loaded."""
+    def load_replay(self, obj, name: str | None = None) -> ReplayLoaded:
+        """Validate a timeline (or import a profiler trace as one) and keep it for the UI's replay view (replay.py
+        says what `obj` may be; `name` is what its errors call it). Raises telemetry.TimelineError saying where and
+        why, BusyError while another replay is being loaded."""
         # one at a time: each holds its text and parsed records (~5x the text) until it is done
         if not self._replay_lock.acquire(blocking=False):
             raise BusyError("another timeline is being loaded for replay; retry when it is done")
         try:
-            replay = accept_timeline(obj)
+            replay = accept_timeline(obj, name)
             with_board(replay)
             self.replay = replay
         finally:

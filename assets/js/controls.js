@@ -35,8 +35,8 @@ function scopeHtml() {
         <select id="bs-rec-list" class="bs-input" title="Download a named recording. Recordings live in this server's memory: they are gone when it stops."><option value="">recordings…</option></select>
       </span>
       <span class="bs-group">
-        <button id="bs-load" class="bs-btn" title="Load a downloaded timeline JSON and view it here">⤒ load replay</button>
-        <input id="bs-file" type="file" accept=".json,application/json" hidden>
+        <button id="bs-load" class="bs-btn" title="Load a downloaded timeline JSON, or a profiler trace (torch.profiler, vLLM, SGLang; .json or .json.gz), and view it here">⤒ load replay</button>
+        <input id="bs-file" type="file" accept=".json,.gz,application/json,application/gzip" hidden>
       </span>
       <span id="bs-msg" class="bs-msg" role="status"></span>
     </div>
@@ -174,7 +174,43 @@ export async function refreshRecordings() {
 
 // ---------------------------------------------------------------- replay
 
+// A profiler trace (Chrome-trace JSON, gzipped or not) and a gzipped timeline go to the server as they are: it
+// tells a trace from a timeline by the content, as here (app/server/replay.py), and imports the trace. A plain
+// timeline is checked here first, so that a wrong file fails with a reason before it is sent.
+const SNIFF_BYTES = 1 << 20;
+const IMPORT_TIMEOUT_MS = 600000;          // a large trace takes the server minutes to import
+
+async function forTheServer(file) {
+  const head = new Uint8Array(await file.slice(0, SNIFF_BYTES).arrayBuffer());
+  if (head[0] === 0x1f && head[1] === 0x8b) return true;      // gzip: the server unpacks it
+  const text = new TextDecoder().decode(head);
+  if (/^\s*\[\s*\{/.test(text)) return true;                  // a bare array of trace events
+  return !/"schema"\s*:\s*"batchscope\.timeline\//.test(text) && text.includes('"traceEvents"');
+}
+
+async function loadOnTheServer(file) {
+  note("importing " + file.name + " on the server…", false);
+  try {
+    await api("/api/replay?name=" + encodeURIComponent(file.name), "POST", file, IMPORT_TIMEOUT_MS);
+  } catch (e) {
+    note("replay rejected: " + e.message, true);
+    return;
+  }
+  let shown;
+  try { shown = await api("/api/replay.json", "GET", undefined, 60000); } catch (e) {
+    note("cannot fetch the imported replay: " + e.message, true);
+    return;
+  }
+  showReplay(shown, file.name);               // the server's copy: the timeline it made, with its board
+}
+
 async function loadReplayFile(file) {
+  try {
+    if (await forTheServer(file)) return loadOnTheServer(file);
+  } catch (e) {
+    note("cannot replay " + file.name + ": " + e.message, true);
+    return;
+  }
   let text, obj;
   try {
     text = await file.text();

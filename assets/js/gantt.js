@@ -54,6 +54,7 @@ export function showGantt(g) {
   sizeCanvas(geo);
   paintInk(geo.canvas, g.washes, g.lanes);
   setCauseLegend(g.causes);
+  setInsideLegend(g.ink.inside);
   setRankLegend(tp, steps);
   const usPerPx = (hi - lo) / geo.w;
   const ms = modeShapes(d, lo, hi, true, usPerPx);
@@ -108,7 +109,8 @@ function sizeCanvas(geo) {
 function inkContext(steps, lo, usPerCol, geo, tp) {
   const cov = {};
   const add = (name, a, b) => addSpan(cov[name] || (cov[name] = coverage(geo.cols)), a, b, lo, usPerCol);
-  const ink = { cov, add, steps, gpuSeen: false, hostCompute: false, stripes: 0, causes: new Set() };
+  const ink = { cov, add, steps, gpuSeen: false, hostCompute: false, stripes: 0, causes: new Set(),
+                inside: { us: 0, byCause: {} } };
   // Under tensor parallelism a compute bar wide enough to show it ends in its estimated all-reduce time (the
   // bar's ink is split, not added to: the lane's ink still matches the compute time). Narrower bars do not:
   // an estimate drawn as a share of every pixel would look measured.
@@ -149,6 +151,12 @@ function rank0Ink(ink, steps) {
       causes.add(cause);
       add("idle: " + cause, s._c - gap, s._c);
       if (!NO_WORK.has(cause)) add("gap", s._c - gap, s._c);   // no work at all is not the host's fault
+    }
+    // idle inside the step's compute span (imported traces): totals only, no positions to draw
+    if (s.gpu_idle_inside_us > 0) {
+      ink.inside.us += s.gpu_idle_inside_us;
+      const by = ink.inside.byCause;
+      for (const [c, us] of Object.entries(s.idle_inside_by_cause_us || {})) by[c] = (by[c] || 0) + us;
     }
   }
   for (const r of modeRuns(steps)) add(r.mode, r.lo, r.hi);
@@ -261,7 +269,9 @@ export function buildLegend() {
   const parts = [item(COLOR.sync, "sync", "mode"), item(COLOR.async, "async", "mode"), "<b>host</b>"]
     .concat(HOST.map(k => item(COLOR[k], k)))
     .concat(["<b>GPU</b>"]).concat(GPU.map(k => item(COLOR[k], k === "compute" ? "compute" : k.toUpperCase())))
-    .concat(["<b>GPU idle, by what the host was doing</b>", `<span id="bs-causes"></span>`,
+    .concat(["<b>GPU idle before a step, by cause</b>", `<span id="bs-causes"></span>`,
+             // imported traces only (setInsideLegend shows it)
+             `<span id="bs-legend-inside" class="bs-li" hidden></span>`,
              `<span class="bs-li"><i class="bs-gap"></i>GPU kept waiting by the host</span>`,
              `<span class="bs-li" title="The label names the new mode and the first step run in it">` +
              `<i class="bs-marker"></i>mode switch (→ new mode · first step)</span>`,
@@ -295,6 +305,24 @@ function setRankLegend(tp, steps) {
 }
 
 const fmtUs = us => (us >= 1000 ? (us / 1000).toFixed(2) + " ms" : (+us).toFixed(us < 10 ? 1 : 0) + " µs");
+
+// Idle inside steps (an imported trace's launch-bound stretches between kernels) is not on the idle lane, which
+// draws the gaps before steps: the legend says how much there is in view and what it was, the hover per step.
+const INSIDE_CAUSES_SHOWN = 3;
+
+function setInsideLegend(inside) {
+  const el = $("bs-legend-inside");
+  if (!el) return;
+  const on = inside.us > 0;
+  if (el.hidden === on) el.hidden = !on;
+  if (!on) return;
+  const top = Object.entries(inside.byCause).sort((a, b) => b[1] - a[1]).slice(0, INSIDE_CAUSES_SHOWN);
+  const html = `<b>GPU idle inside steps</b> ${esc(fmtUs(inside.us))} in view` + (top.length ? ": " : "") +
+    top.map(([c, us]) => `<span class="bs-li" title="${esc(causeHint(c) || c)}"><i style="background:${causeColor(c)}"></i>` +
+                         `${esc(causeLabel(c))} ${esc(fmtUs(us))}</span>`).join(", ") +
+    ` <span style="color:#64748b">(not drawn on the idle lane: hover a step)</span>`;
+  if (el.innerHTML !== html) el.innerHTML = html;
+}
 
 function setCauseLegend(causes) {
   const el = $("bs-causes");

@@ -44,11 +44,13 @@ def recordings(state: State) -> Recordings:
 
 
 @router.post("/replay")
-async def replay_upload(request: Request, state: State) -> ReplayLoaded:
+async def replay_upload(request: Request, state: State, name: str | None = None) -> ReplayLoaded:
+    """The body: a batchscope.timeline/1 JSON document, or a profiler trace (Chrome-trace JSON), either of them
+    gzipped or not; `name` (the file's) is what errors about it say."""
     raw = await request.body()          # BodyLimit has bounded it to MAX_REPLAY_BYTES already
     if not raw:
-        raise ValueError("send a batchscope.timeline/1 JSON document as the request body")
-    return await run_in_threadpool(state.load_replay, raw)
+        raise ValueError("send a batchscope.timeline/1 JSON document or a profiler trace as the request body")
+    return await run_in_threadpool(state.load_replay, raw, name)
 
 
 @router.get("/history")
