@@ -29,7 +29,7 @@ class Latency(BaseModel):
 class SweepPoint(BaseModel):
     model_config = ConfigDict(extra="allow")        # readers of other tools' reports add their own fields
     index: int                                      # in the order the points of its mode ran
-    mode: str | None                                # "sync" | "async" here; a series name in a foreign report
+    mode: str | None = None                         # "sync" | "async" here; a series name in a foreign report
     kind: PointKind
     offered_rate: float | None                      # req/s; None for synchronous, throughput and concurrent
     concurrency: int | None = None                  # requests kept in flight (synchronous 1, throughput its cap)
