@@ -1,7 +1,8 @@
 """The batchscope server: one FastAPI app on one port, put together from one router per concern.
 
     /api/...            routes/control.py (health, status, mode, generate), routes/load.py (bursts, A/B,
-                        continuous loads), routes/timeline.py (timelines, recordings, replay)
+                        continuous loads), routes/sweep.py (sweeps, their export, foreign reports),
+                        routes/timeline.py (timelines, recordings, replay)
     /v1/...             routes/openai.py: OpenAI-compatible completions and chat completions (SSE when streaming)
     /ws/telemetry       routes/ws.py: live steps, NVML samples, requests, mode changes and stats
     /batchscope-static/ assets/ and plotly.min.js from the installed plotly package (no network at page load)

@@ -2,10 +2,11 @@
 
     control.py   /api: health, status, the mode switch, one generation
     load.py      /api: bursts, A/B comparisons, continuous loads
+    sweep.py     /api: sweeps (sync, throughput, rising rates in each mode), their export, foreign reports
     timeline.py  /api: timelines (JSON, Perfetto), named recordings, replay
     openai.py    /v1: OpenAI-compatible completions, chat completions and the model list
     ws.py        /ws/telemetry: the live feed
 """
-from . import control, load, openai, timeline, ws
+from . import control, load, openai, sweep, timeline, ws
 
-ROUTERS = (control.router, load.router, timeline.router, openai.router, ws.router)
+ROUTERS = (control.router, load.router, sweep.router, timeline.router, openai.router, ws.router)
