@@ -22,6 +22,7 @@ from .refusals import BusyError, EngineTaken, ModeLocked
 from .runs import ABRun, Burst, LoadRun
 from .sender import Sender, sleep_until
 from .specs import BurstSpec, Limits, LoadSpec, Mode
+from .sweep_points import point_values
 from .statuses import ABStatus, BurstList, BurstResults, BurstStatus, LoadStatus
 
 __all__ = ["BurstManager", "ModeLocked"]
@@ -128,6 +129,22 @@ class BurstManager:
     def running(self) -> int:
         with self._lock:
             return self._running_count()
+
+    def latest_values(self) -> dict[str, list[tuple[str, dict]]]:
+        """The raw latencies of the newest finished burst, A/B and continuous load (a load's are a sample of the
+        whole run), each as (series, values) pairs, for the page's CDFs."""
+        with self._lock:
+            burst = next((b for b in reversed(self._bursts.values()) if b.values and b.expect_mode is None), None)
+            ab = next((a for a in reversed(self._abs.values()) if a.state == "done"), None)
+            load = next((r for r in reversed(self._loads.values()) if r.state != "running"), None)
+        out = {}
+        if burst is not None:
+            out[f"burst {burst.id}"] = [(burst.mode or "burst", burst.values)]
+        if ab is not None:
+            out[f"A/B {ab.id}"] = [("sync", ab.sync.values), ("async", ab.async_.values)]
+        if load is not None:
+            out[f"load {load.id}"] = [(load.results.mode or "load", load.tally.values())]
+        return out
 
     def list(self) -> BurstList:
         with self._lock:
@@ -349,6 +366,7 @@ class BurstManager:
                                busy_pct=window.get("busy_pct") if window else None, telemetry=window,
                                window_us=(t0_us, t1_us) if window is not None else None)
         burst.results = results
+        burst.values = point_values(timings, seed=burst.spec.seed or 0)
         if burst.flight.cancel.is_set():
             burst.error, burst.state = "cancelled", "error"
         elif results.completed == 0:

@@ -296,6 +296,13 @@ class AppState:
     def imported_report(self, import_id: str) -> dict:
         return self._look_up(lambda _: self.sweeps.get_import(import_id))
 
+    def running_sweep(self) -> str | None:
+        return self.sweeps.running() if self.sweeps is not None else None
+
+    def load_test_values(self) -> dict:
+        """The raw latencies of the newest burst, A/B and load (BurstManager.latest_values), for CDFs."""
+        return self.bursts.latest_values() if self.bursts is not None else {}
+
     # ------------------------------------------------------------------------------------ timelines and replay
     def timeline(self, recording: str | None = None) -> dict:
         if self.telemetry is None:
