@@ -33,6 +33,19 @@ def settled(**fields) -> SweepSpec:
 
 # ------------------------------------------------------------------------------------------------ the spec
 
+def test_the_published_schema_is_a_valid_json_schema_for_batchscope_sweep_1():
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    assert SCHEMA["properties"]["schema"]["const"] == "batchscope.sweep/1"
+    assert set(SCHEMA["$defs"]["point"]["required"]) >= {"offered_rate", "requests_per_s", "output_tokens_per_s",
+                                                         "ttft_ms", "itl_ms", "e2e_ms", "slo_attainment",
+                                                         "goodput_rps"}
+    bad = {"schema": "batchscope.sweep/1", "slo": {"ttft_ms": 1, "itl_ms": 1, "e2e_ms": None, "target": 0.9},
+           "modes": {"sync": {"points": [{"index": 0, "kind": "synchronous", "offered_rate": 3.0}]}}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, SCHEMA)
+
+
+
 def test_rates_are_spaced_as_guidellm_spaces_them():
     # GuideLLM 0.8.1, sweep_size=4: synchronous 3.0 req/s, throughput 55.5 -> constant 29.25 and 55.5
     assert spaced_rates(3.0, 55.5, 2) == pytest.approx([29.25, 55.5])

@@ -130,6 +130,8 @@ def read_compared(paths: list[str], body: dict) -> list[dict]:
 def _progress_line(st: dict) -> str:
     cur = st.get("current")
     head = f"{st['points_done']}/{st['points_total']} points"
+    if st["state"] != "running":
+        return f"{head}, {st.get('stop_reason') or st['state']}"
     if not cur:
         return f"{head}, {st.get('mode') or 'warming up'}"
     rate = f" @ {cur['offered_rate']:.2f} req/s" if cur.get("offered_rate") else ""
@@ -156,11 +158,11 @@ def summary_lines(doc: dict) -> list[str]:
     for mode, curve in doc["modes"].items():
         s = curve.get("summary") or {}
         best, leaves = s.get("slo_max"), s.get("slo_exit")
-        meets = f"{best['requests_per_s']:.2f} req/s ({best['kind']})" if best else "no point"
+        meets = f"up to {best['requests_per_s']:.2f} req/s ({best['kind']})" if best else "at no point"
         exits = f"{leaves['requests_per_s']:.2f} req/s" if leaves else "not within the sweep"
         knee = ((s.get("knees") or {}).get("ttft_ms") or {}).get("p99")
         bend = f"TTFT p99 knee at {knee['requests_per_s']:.2f} req/s" if knee else "no TTFT p99 knee"
-        lines.append(f"{mode}: meets the SLOs up to {meets}; leaves them at {exits}; {bend}")
+        lines.append(f"{mode}: meets the SLOs {meets}; leaves them at {exits}; {bend}")
     return lines
 
 
