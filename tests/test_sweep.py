@@ -152,12 +152,17 @@ def test_meets_slo_edges():
 
 def test_point_values_keep_the_raw_values_aligned_and_capped():
     ts = [timing(10 + i, 5, 5) for i in range(30)]
+    for i, t in enumerate(ts):
+        t.request_id = f"req-{i}"
     v = point_values(ts)
     assert v["ttft_ms"] == [10.0 + i for i in range(30)] and len(v["itl_ms"]) == 60
+    assert v["request_id"] == [f"req-{i}" for i in range(30)]
     assert v["n"] == {"ttft_ms": 30, "tpot_ms": 30, "e2e_ms": 30, "itl_ms": 60}
     capped = point_values(ts, cap=7)
-    assert len(capped["itl_ms"]) == 7 and capped["n"]["itl_ms"] == 60
+    assert len(capped["itl_ms"]) == 7 and capped["n"]["itl_ms"] == 60 and len(capped["ttft_ms"]) == 7
     assert capped["ttft_ms"] == sorted(capped["ttft_ms"])            # a sample, kept in order
+    # sampled together: each kept request keeps its own TTFT beside its id
+    assert all(f"req-{int(ttft) - 10}" == rid for ttft, rid in zip(capped["ttft_ms"], capped["request_id"]))
 
 
 def curve(rps, lat, kinds=None):

@@ -107,7 +107,11 @@ def test_a_sweep_through_the_routes(client):
     jsonschema.validate(doc, SCHEMA)
     assert doc["meta"]["model"] == "tiny-random" and doc["spec"]["seed"] == 1
     assert len(doc["modes"]["async"]["distributions"]) == 3
-    assert doc["modes"]["sync"]["distributions"][0]["ttft_ms"]
+    first = doc["modes"]["sync"]["distributions"][0]
+    assert first["ttft_ms"] and len(first["request_id"]) == len(first["ttft_ms"])
+    # each value leads to the request's own record in the timeline (and so to the steps it lived through)
+    recorded = {r["id"] for r in client.get("/api/timeline.json").json()["requests"]}
+    assert set(first["request_id"]) <= recorded
     r = client.get(f"/api/sweep/{sid}.csv", params={"download": 1})
     assert r.headers["content-type"].startswith("text/csv") and "attachment" in r.headers["content-disposition"]
     assert len(r.text.splitlines()) == 1 + total and r.text.startswith("source,series,index,kind,offered_rate")

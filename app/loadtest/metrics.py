@@ -25,6 +25,7 @@ class RequestTiming:
     prompt_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    request_id: str | None = None       # the engine's id: the request's record in the timeline
 
     @property
     def output_tokens(self) -> int:

@@ -86,22 +86,29 @@ def point_figures(timings: list[RequestTiming], start_ns: int, end_ns: int, slo:
 
 
 def point_values(timings: list[RequestTiming], seed: int = 0, cap: int = MAX_VALUES) -> dict:
-    """The raw values behind a point's percentiles, for CDFs and histograms: per finished request its TTFT, TPOT
-    and E2E (lists aligned by request, in the order the requests were sent) and every gap between tokens (ITL).
-    Lists longer than `cap` become a seeded uniform sample of `cap` (kept in order); `n` says how many there were."""
+    """The raw values behind a point's percentiles, for CDFs and histograms: per finished request its TTFT, TPOT,
+    E2E and engine id (`request_id`: its record in the timeline), lists aligned by request in the order the
+    requests were sent, and every gap between tokens (ITL). Beyond `cap` requests (or gaps) a seeded uniform
+    sample of `cap` is kept, in order, the per-request lists sampled together; `n` says how many there were."""
     ok = [t for t in sorted(timings, key=lambda t: t.sent_ns) if t.ok]
-    per = [request_latency(t) for t in ok]
-    out: dict = {k: [p[k] for p in per] for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
-    out["itl_ms"] = [v for t in ok for v in t.latencies()["itl_ms"]]
-    out["n"] = {k: len(v) for k, v in out.items()}
     rng = random.Random(seed)
-    for k in LATENCIES:
-        if len(out[k]) > cap:
-            keep = sorted(rng.sample(range(len(out[k])), cap))
-            out[k] = [out[k][i] for i in keep]
-    for k in LATENCIES:
-        out[k] = [round(v, 4) if v is not None else None for v in out[k]]
+    if len(ok) > cap:
+        ok_kept = [ok[i] for i in sorted(rng.sample(range(len(ok)), cap))]
+    else:
+        ok_kept = ok
+    per = [request_latency(t) for t in ok_kept]
+    out: dict = {k: [_round(p[k]) for p in per] for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
+    out["request_id"] = [t.request_id for t in ok_kept]
+    gaps = [v for t in ok for v in t.latencies()["itl_ms"]]
+    out["n"] = {"ttft_ms": len(ok), "tpot_ms": len(ok), "e2e_ms": len(ok), "itl_ms": len(gaps)}
+    if len(gaps) > cap:
+        gaps = [gaps[i] for i in sorted(rng.sample(range(len(gaps)), cap))]
+    out["itl_ms"] = [_round(v) for v in gaps]
     return out
+
+
+def _round(v: float | None) -> float | None:
+    return round(v, 4) if v is not None else None
 
 
 def _scaled(vals: list[float]) -> list[float]:
