@@ -1,4 +1,4 @@
-"""`batchscope serve | replay | import | bench | soak`: the command line.
+"""`batchscope serve | replay | import | bench | soak | sweep`: the command line.
 
 It imports nothing heavy until a command runs: `batchscope --help` and `--version` load neither torch nor the web
 server. Each command imports what it needs inside its function (the server, the engine, the bench's runners).
@@ -16,6 +16,7 @@ from batchscope.engine.config import DTYPES, MODES, EngineConfig
 
 from .bench import options as bench_options
 from .bench.options import positive_int
+from .loadtest import sweep_client
 from .soak import options as soak_options
 
 DEFAULT_PORT = 7860
@@ -76,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "repeated or leaked", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     soak_options.add_arguments(k)
     k.set_defaults(func=cmd_soak)
+
+    w = sub.add_parser("sweep", help="sweep offered load on a running server, in each mode: synchronous, "
+                                     "throughput, then rates between; writes batchscope.sweep/1 JSON")
+    sweep_client.add_arguments(w)
+    w.set_defaults(func=cmd_sweep)
     return p
 
 
@@ -206,6 +212,10 @@ def cmd_soak(args) -> int:
     from .soak import run
 
     return run.main(args)
+
+
+def cmd_sweep(args) -> int:
+    return sweep_client.main(args)        # an HTTP client of the server: no torch, no engine here
 
 
 def _serve(state, args) -> int:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
-    from .specs import BurstSpec, LoadSpec
+    from .specs import BurstSpec, LoadSpec, RequestShape
 
-__all__ = ["arrival_offsets", "synthetic_prompt", "PlannedRequest", "plan_burst", "request_stream"]
+__all__ = ["arrival_offsets", "synthetic_prompt", "PlannedRequest", "plan_burst", "request_stream", "prompt_stream"]
 
 
 def arrival_offsets(n: int, arrival: str, rate: float, burstiness: float, rng: random.Random) -> list[float]:
@@ -77,4 +77,17 @@ def request_stream(spec: LoadSpec, vocab_size: int) -> Iterator[PlannedRequest]:
         yield PlannedRequest(i, t, synthetic_prompt(rng, p, vocab_size), m, rng.randrange(2**31))
         if spec.kind == "rate":
             t += rng.expovariate(spec.rate) if spec.arrival == "poisson" else 1.0 / spec.rate
+        i += 1
+
+
+def prompt_stream(shape: RequestShape, vocab_size: int) -> Iterator[PlannedRequest]:
+    """Requests drawn from the shape's seed alone, one after another, without arrival times (`offset_s` 0): the
+    same sequence whoever sends them and however fast, so that every point of a sweep, in either mode, sends the
+    same prompts in the same order. `shape` is settled (its lengths and seed are known)."""
+    rng = random.Random(shape.seed)
+    i = 0
+    while True:
+        p = rng.randint(*shape.prompt_tokens)
+        m = rng.randint(*shape.max_new_tokens)
+        yield PlannedRequest(i, 0.0, synthetic_prompt(rng, p, vocab_size), m, rng.randrange(2**31))
         i += 1

@@ -58,6 +58,7 @@ class Burst:
     expect_mode: Mode | None = None
     start_ns: int = 0
     mode_changes: list[ModeChangeNote] = field(default_factory=list)
+    values: dict | None = field(default=None, repr=False)     # raw latencies once it has ended, for CDFs
 
     def stop(self) -> None:
         """Cancel from any thread: nothing more is sent, and what is in flight is cancelled in the engine."""

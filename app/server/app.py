@@ -1,8 +1,9 @@
 """The batchscope server: one FastAPI app on one port, put together from one router per concern.
 
     /api/...            routes/control.py (health, status, mode, generate), routes/load.py (bursts, A/B,
-                        continuous loads), routes/timeline.py (timelines, recordings, replay), routes/profile.py
-                        (a torch.profiler window on demand)
+                        continuous loads), routes/sweep.py (sweeps, their export, foreign reports),
+                        routes/timeline.py (timelines, recordings, replay), routes/profile.py (a torch.profiler
+                        window on demand)
     /v1/...             routes/openai.py: OpenAI-compatible completions and chat completions (SSE when streaming)
     /metrics            routes/metrics.py: Prometheus' text format, vLLM's names and batchscope's
     /ws/telemetry       routes/ws.py: live steps, NVML samples, requests, mode changes and stats

@@ -21,6 +21,9 @@ from batchscope.telemetry.nvml import BUSY_NOTE
 from ..loadtest.manager import BurstManager
 from ..loadtest.specs import BurstSpec, Limits, LoadSpec, Mode
 from ..loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
+from ..loadtest.sweep import Sweeps
+from ..loadtest.sweep_spec import SLO, SweepSpec
+from ..loadtest.sweep_status import SweepList, SweepStarted, SweepStatus
 from .errors import BusyError, NoEngineError, NotFoundError, ShuttingDownError
 from .openai_logprobs import TokenStrings
 from .profiles import ProfileWindows
@@ -50,9 +53,12 @@ class AppState:
         self.bursts: BurstManager | None = None
         self.profiles: ProfileWindows | None = None
         self._metrics = None            # the Prometheus registry, made at the first scrape
+        self.sweeps: Sweeps | None = None
+        self._import_lock = threading.Lock()
         if engine is not None:
             self.bursts = BurstManager(engine, self.limits, self.vocab_size, telemetry=telemetry)
             self.profiles = ProfileWindows(engine)
+            self.sweeps = Sweeps(self.bursts)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -269,6 +275,51 @@ class AppState:
         if self.bursts is None:
             return BurstList(bursts=[], ab=[], kept=0, dropped={})
         return self.bursts.list()
+
+    # ------------------------------------------------------------------------------------------------ sweeps
+    def start_sweep(self, spec: SweepSpec) -> SweepStarted:
+        self._admit()
+        info = self.engine.info
+        meta = {"model": self.model_name, "device": info.get("device"), "dtype": info.get("dtype"),
+                "gpu": info.get("gpu_name"), "mode_before": self.engine.mode}
+        return self.sweeps.start(spec, meta)
+
+    def sweep_run(self, sweep_id: str):
+        """A sweep by id, running or kept (NotFoundError if neither): its status(), document(), values."""
+        return self._look_up(lambda _: self.sweeps.get(sweep_id))
+
+    def sweep_status(self, sweep_id: str) -> SweepStatus:
+        return self.sweep_run(sweep_id).status()
+
+    def stop_sweep(self, sweep_id: str) -> SweepStatus:
+        return self._look_up(lambda _: self.sweeps.stop(sweep_id))
+
+    def list_sweeps(self) -> SweepList:
+        return self.sweeps.list() if self.sweeps is not None else SweepList(sweeps=[], imports=[])
+
+    def import_report(self, raw, slo: SLO | None = None) -> dict:
+        """Read a GuideLLM, vllm bench serve or batchscope.sweep/1 report (loadtest/foreign.py) and keep it to
+        overlay; ReportError (400) when it is not what it claims. One at a time, like a replay upload."""
+        from ..loadtest.foreign import read_report
+
+        self._runs()
+        if not self._import_lock.acquire(blocking=False):
+            raise BusyError("another report is being read; retry when it is done")
+        try:
+            report = read_report(raw, slo or SLO())
+        finally:
+            self._import_lock.release()
+        return {**report, "id": self.sweeps.add_import(report)}
+
+    def imported_report(self, import_id: str) -> dict:
+        return self._look_up(lambda _: self.sweeps.get_import(import_id))
+
+    def running_sweep(self) -> str | None:
+        return self.sweeps.running() if self.sweeps is not None else None
+
+    def load_test_values(self) -> dict:
+        """The raw latencies of the newest burst, A/B and load (BurstManager.latest_values), for CDFs."""
+        return self.bursts.latest_values() if self.bursts is not None else {}
 
     # ------------------------------------------------------------------------------------ timelines and replay
     def timeline(self, recording: str | None = None) -> dict:
