@@ -179,6 +179,8 @@ def test_live_page_story(server, browser, tmp_path):
     page.click("#bs-pause")
     page.wait_for_function(f"{x_end} > {held}", timeout=T)
     lo = page.evaluate("document.getElementById('bs-gantt').layout.xaxis.range[0]")
+    page.locator("#bs-c-kv").scroll_into_view_if_needed()          # (drawn once in sight)
+    page.wait_for_function("!!document.getElementById('bs-c-kv').layout", timeout=T)
     page.evaluate(f"Plotly.relayout('bs-c-kv', {{'xaxis.range': [{lo}, {lo} + 0.5]}})")
     page.wait_for_function(
         f"Math.abs(document.getElementById('bs-gantt').layout.xaxis.range[1] - ({lo} + 0.5)) < 1e-6", timeout=T)
