@@ -73,7 +73,8 @@ def test_a_request_kept_out_by_a_full_batch_waited_in_the_queue_for_the_others_t
     assert w["waits"]["gap_by_cause_us"] == pytest.approx(s5["idle_by_cause_us"], abs=0.1)
     assert w["waits"]["gap_steps"] == 1
     # start: scheduled to its first step's compute
-    assert w["waits"]["start_us"] == pytest.approx(by_step(crowded)[4]["compute_us"][0] - reqs["r2"]["scheduled_us"], abs=0.1)
+    first_compute = by_step(crowded)[4]["compute_us"][0]
+    assert w["waits"]["start_us"] == pytest.approx(first_compute - reqs["r2"]["scheduled_us"], abs=0.1)
 
 
 def test_the_slowest_requests_come_longest_first_and_an_unknown_id_is_none(crowded):
@@ -137,3 +138,42 @@ def test_a_preempted_request_waits_from_its_eviction_to_its_return_and_prefills_
     assert w["steps"][2]["others_prefill_us"] == 0.0 and w["waits"]["others_prefill_us"] == 0.0
     assert w["waits"]["gap_us"] == 150.0 and w["waits"]["gap_by_cause_us"] == {"launch": 150.0}
     assert w["unknown"] == []
+
+
+# ---------------------------------------------------------------------------------------------------- the routes
+
+@pytest.fixture(scope="module")
+def routes(crowded):
+    """A server holding the live synthetic timeline and, loaded beside it, a replay of the crowded story."""
+    from fastapi.testclient import TestClient
+
+    from batchscope.app.server import create_app
+    from batchscope.app.server.state import AppState
+
+    eng = SyntheticEngine(gpu=True, mode="async", seed=5)
+    tel = Telemetry(eng, nvml_hz=0)
+    eng.submit(3, prompt_tokens=8, max_new_tokens=3)
+    eng.run()
+    state = AppState(telemetry=tel, replay=crowded)
+    with TestClient(create_app(state, ui=False)) as c:
+        yield c
+    tel.close()
+
+
+def test_the_waits_route_reads_the_replay_or_the_live_timeline(routes, crowded):
+    r = routes.get("/api/requests/r2/waits", params={"replay": "true"})
+    assert r.status_code == 200, r.text
+    assert r.json() == json.loads(json.dumps(request_waits(crowded["steps"], crowded["requests"], "r2")))
+    assert r.json()["waits"]["queue_us"] > 6000
+    live = routes.get("/api/requests/r2/waits").json()             # the live ring's r2: three 8-token prompts
+    assert live["prompt_tokens"] == 8 and live["waits"]["queue_us"] < 1000
+    slow = routes.get("/api/requests/slowest", params={"replay": "true", "n": 2}).json()
+    assert [row["id"] for row in slow["requests"]] == ["r2", "r0"] and slow["finished"] == 3
+
+
+def test_an_unknown_request_or_selector_is_a_404_that_says_what_is_missing(routes):
+    r = routes.get("/api/requests/nope/waits", params={"replay": "true"})
+    assert r.status_code == 404 and "no request 'nope' in the replay" in r.text
+    r = routes.get("/api/requests/r0/waits", params={"recording": "gone"})
+    assert r.status_code == 404 and "gone" in r.text
+    assert routes.get("/api/requests/slowest", params={"n": 0}).status_code == 400
