@@ -343,7 +343,8 @@ class AppState:
         or the live ring."""
         if replay:
             if self.replay is None:
-                raise NotFoundError("no replay loaded: POST a timeline to /api/replay or start with `batchscope replay`")
+                raise NotFoundError("no replay loaded: POST a timeline to /api/replay or start with "
+                                    "`batchscope replay`")
             return self.replay
         return self.timeline(recording)
 
