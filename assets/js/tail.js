@@ -1,4 +1,4 @@
-/* From a tail request to its steps: the slowest requests (#bs-slowest, under the Gantt's legend) and, for the one
+/* From a tail request to its steps: the slowest requests (#bs-slowest, under the charts) and, for the one
  * clicked, the Gantt zoomed to its lifetime with its spans and steps marked (gantt.js draws state.focus) and a
  * line saying what it waited for (#bs-focus). The server splits the lifetime (GET /api/requests/{id}/waits,
  * telemetry/request_waits.py); the page only draws it. In replay both routes read the replay (replay=true). */
@@ -17,17 +17,21 @@ const seen = { finished: -1, source: "" };
 export function buildTail(root) {
   const legend = $("bs-legend");
   if (!legend || $("bs-slowest")) return;
+  // what the request picked waited for, under the legend; the list below the charts, so that it moves none of them
+  const bar = document.createElement("div");
+  bar.className = "bs-tail";
+  bar.innerHTML = `<div id="bs-focus" class="bs-focus" hidden><span id="bs-focus-text"></span>
+      <button id="bs-focus-clear" class="bs-btn" title="Take the highlight off the Gantt">clear</button></div>`;
+  legend.after(bar);
   const box = document.createElement("div");
-  box.className = "bs-tail";
-  box.innerHTML = `<div id="bs-focus" class="bs-focus" hidden><span id="bs-focus-text"></span>
-      <button id="bs-focus-clear" class="bs-btn" title="Take the highlight off the Gantt">clear</button></div>
-    <details id="bs-slowest-box" class="bs-slowest-box" open><summary>Slowest requests
+  box.className = "bs-tail bs-tail-list";
+  box.innerHTML = `<details id="bs-slowest-box" class="bs-slowest-box" open><summary>Slowest requests
       <span class="muted">(click one: the Gantt jumps to its lifetime, the hover says what it waited for)</span>
       <button id="bs-slowest-refresh" class="bs-btn">refresh</button></summary>
       <table id="bs-slowest" class="bs-slowest"><thead><tr><th>request</th><th>E2E ms</th><th>TTFT ms</th>
         <th>ITL max ms</th><th>prompt</th><th>out</th><th>preempted</th><th>modes</th></tr></thead><tbody></tbody></table>
     </details>`;
-  legend.after(box);
+  root.appendChild(box);
   $("bs-slowest-refresh").onclick = ev => { ev.preventDefault(); refreshSlowest(); };
   $("bs-focus-clear").onclick = clearFocus;
   $("bs-slowest").onclick = ev => {
