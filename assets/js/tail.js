@@ -17,19 +17,23 @@ const seen = { finished: -1, source: "" };
 export function buildTail(root) {
   const legend = $("bs-legend");
   if (!legend || $("bs-slowest")) return;
-  // what the request picked waited for, under the legend; the list below the charts, so that it moves none of them
+  // what the request picked waited for, under the legend; the list below the charts, so that it moves none of them,
+  // in a box of fixed height, so that the page does not grow when rows arrive
+  // (hidden, it takes no room: the charts stay where they were until a request is picked)
   const bar = document.createElement("div");
-  bar.className = "bs-tail";
-  bar.innerHTML = `<div id="bs-focus" class="bs-focus" hidden><span id="bs-focus-text"></span>
-      <button id="bs-focus-clear" class="bs-btn" title="Take the highlight off the Gantt">clear</button></div>`;
+  bar.id = "bs-focus";
+  bar.className = "bs-focus";
+  bar.hidden = true;
+  bar.innerHTML = `<span id="bs-focus-text"></span>
+      <button id="bs-focus-clear" class="bs-btn" title="Take the highlight off the Gantt">clear</button>`;
   legend.after(bar);
   const box = document.createElement("div");
   box.className = "bs-tail bs-tail-list";
   box.innerHTML = `<details id="bs-slowest-box" class="bs-slowest-box" open><summary>Slowest requests
       <span class="muted">(click one: the Gantt jumps to its lifetime, the hover says what it waited for)</span>
       <button id="bs-slowest-refresh" class="bs-btn">refresh</button></summary>
-      <table id="bs-slowest" class="bs-slowest"><thead><tr><th>request</th><th>E2E ms</th><th>TTFT ms</th>
-        <th>ITL max ms</th><th>prompt</th><th>out</th><th>preempted</th><th>modes</th></tr></thead><tbody></tbody></table>
+      <div class="bs-slowest-scroll"><table id="bs-slowest" class="bs-slowest"><thead><tr><th>request</th><th>E2E ms</th><th>TTFT ms</th>
+        <th>ITL max ms</th><th>prompt</th><th>out</th><th>preempted</th><th>modes</th></tr></thead><tbody></tbody></table></div>
     </details>`;
   root.appendChild(box);
   $("bs-slowest-refresh").onclick = ev => { ev.preventDefault(); refreshSlowest(); };
