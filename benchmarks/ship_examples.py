@@ -11,6 +11,7 @@ summary is computed afresh over the joined steps.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from pathlib import Path
 
@@ -33,7 +34,15 @@ EXAMPLES = [
      "32 requests x 256 prompt x 512 new tokens, both GPUs' lanes (two runs, joined)",
      ["2026-11-30-h200x2-tp/bench_tp_llama3-70b_tp2.sync.timeline.json",
       "2026-11-30-h200x2-tp/bench_tp_llama3-70b_tp2.async.timeline.json"]),
+    ("h200-256-power.timeline.json", "Llama-3-8B shapes, 256 requests at the H200's power limit, sync then async",
+     "256 requests x 256 prompt x 192 new tokens: async 99.9% busy at a lower SM clock (the board at 690 W), "
+     "sync 73% (two runs, joined)",
+     ["2026-12-02-h200-s256/s256.sync.timeline.json.gz", "2026-12-02-h200-s256/s256.async.timeline.json.gz"]),
 ]
+
+
+def _read(path: Path) -> dict:
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
 
 
 def _end_us(tl: dict) -> float:
@@ -72,7 +81,7 @@ def join(first: dict, second: dict, sources: list[str]) -> dict:
 def build(out_dir: Path) -> list[dict]:
     index = []
     for name, title, text, sources in EXAMPLES:
-        parts = [json.loads((RESULTS / s).read_text()) for s in sources]
+        parts = [_read(RESULTS / s) for s in sources]
         tl = parts[0] if len(parts) == 1 else join(parts[0], parts[1], sources)
         if len(parts) == 1 and "board" not in tl.get("summary", {}):
             tl["summary"] = summarize(tl["steps"], tl["requests"], tl["nvml"], tl["meta"].get("info") or {})

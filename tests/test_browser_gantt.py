@@ -98,7 +98,10 @@ def gantt_range(page) -> list[float]:
 
 
 def zoom(page, a: float, b: float):
-    """A zoom as a drag on the KV chart reports it; every chart and the Gantt follow."""
+    """A zoom as a drag on the KV chart reports it; every chart and the Gantt follow. (The chart is brought into
+    sight first: a chart out of sight is not drawn until it scrolls in.)"""
+    page.locator("#bs-c-kv").scroll_into_view_if_needed()
+    page.wait_for_function("!!document.getElementById('bs-c-kv').layout", timeout=T)
     page.evaluate(f"Plotly.relayout('bs-c-kv', {{'xaxis.range': [{a}, {b}]}})")
     page.wait_for_function(
         f"(r => Math.abs(r[0] - {a}) < 1e-9 && Math.abs(r[1] - {b}) < 1e-9)"

@@ -96,10 +96,15 @@ def test_the_header_agrees_with_the_scoreboard_and_never_reads_zero_under_load(s
             assert h["busy"].endswith("%") and h["busy"] != "0%", samples
             if int(h["running"]) > 0:
                 assert abs(float(h["busy"].rstrip("%")) - float(h["board"])) <= 2.0, samples
-        # the busy chart's newest point says what the header says (both: completed steps only)
+        # the busy chart's newest point says what the header says (both: completed steps only; the chart's point
+        # averages over a few steps, the header over the last second, hence the wider margin; the bug this
+        # guards against dived to 40-60% at the edge). A chart out of sight is drawn once it scrolls in.
+        page.locator("#bs-c-busy").scroll_into_view_if_needed()
+        page.wait_for_function("(document.getElementById('bs-c-busy').data || []).length > 0", timeout=T)
         edge = page.evaluate("""() => { const t = document.getElementById('bs-c-busy').data[0];
             return t.y.filter(v => v !== null).slice(-1)[0]; }""")
-        assert abs(edge - float(samples[-1]["busy"].rstrip("%"))) <= 5.0, (edge, samples[-1])
+        now = header(page)
+        assert abs(edge - float(now["busy"].rstrip("%"))) <= 10.0, (edge, now, samples[-1])
         assert not errors, errors
     finally:
         stop_loads(smollm2.url)
