@@ -298,7 +298,9 @@ class EngineCore:
             gpu_events=la.events.spans() if la is not None and la.events is not None else None,
             anchor=la.anchor if la is not None else None,
             built_during_step=step.built_during_step,
-            arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted, error=error)
+            arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted,
+            prefill_tokens_by_request={seq.req.id: seq.num_tokens for seq in plan.seqs
+                                       if not seq.is_decode}, error=error)
 
 
 def _latest_logprobs(req: Request, n: int) -> dict:

@@ -45,6 +45,8 @@ class StepTrace:
     tokens: list[tuple[str, int]] = field(default_factory=list)               # (id, tokens delivered now)
     finished: list[tuple[str, str, int, int]] = field(default_factory=list)   # (id, reason, prompt, output)
     preempted: list[str] = field(default_factory=list)
+    # whose prompt (or recompute) tokens `prefill_tokens` are: id -> tokens; the other requests decoded one each
+    prefill_tokens_by_request: dict[str, int] = field(default_factory=dict)
     error: str | None = None        # the exception text when this step failed (its requests failed with it)
 
 

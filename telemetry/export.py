@@ -123,6 +123,15 @@ def _semantic_errors(tl: dict):
         comp = rec.get("compute_us")
         if comp is not None and comp[1] < comp[0]:
             yield f"{where}.compute_us: span {comp} ends before it starts"
+        # the waits of a request (request_waits.py) read a step's prompt tokens from it: they must add up
+        by_request = rec.get("prefill_tokens_by_request")
+        if by_request is not None:
+            if sum(by_request.values()) != rec["prefill_tokens"]:
+                yield (f"{where}.prefill_tokens_by_request: adds up to {sum(by_request.values())}, but "
+                       f"prefill_tokens is {rec['prefill_tokens']}")
+            strangers = sorted(set(by_request) - set(rec["request_ids"]))
+            if strangers:
+                yield f"{where}.prefill_tokens_by_request: {strangers} are not in request_ids"
     for i, req in enumerate(tl["requests"]):
         n, times = req["output_tokens"], req["token_us"]
         if len(times) != n:

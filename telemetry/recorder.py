@@ -35,7 +35,7 @@ MAX_DROPPED_NAMES = 32                  # names of dropped recordings remembered
 
 # Compact-JSON bytes of a record, estimated without encoding it (encoding a step costs ~10 µs on the engine
 # thread). Calibrated on real GPU timelines with times of 10 digits, so they err on the large side.
-STEP_JSON_BYTES = 850                   # plus each request id it lists
+STEP_JSON_BYTES = 850                   # plus each request id it lists (twice for those it prefilled)
 REQUEST_JSON_BYTES = 220                # plus each token time
 TOKEN_JSON_BYTES = 12
 NVML_JSON_BYTES = 200
@@ -46,7 +46,9 @@ RANK_STEP_JSON_BYTES = 260
 def json_bytes_estimate(kind: str, rec: dict) -> int:
     if kind == "steps":
         ids = rec.get("request_ids") or ()
-        return STEP_JSON_BYTES + (len(ids) * (len(ids[-1]) + 3) if ids else 0)
+        prefilled = rec.get("prefill_tokens_by_request") or ()
+        return STEP_JSON_BYTES + (len(ids) * (len(ids[-1]) + 3) if ids else 0) + \
+            sum(len(rid) + 10 for rid in prefilled)
     if kind == "requests":
         return REQUEST_JSON_BYTES + TOKEN_JSON_BYTES * len(rec.get("token_us") or ())
     if kind == "rank_steps":

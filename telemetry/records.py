@@ -62,6 +62,9 @@ def step_record(trace, cpu: dict, gpu: dict | None, compute: list | None, basis:
         rec["gpu"] = gpu
     if trace.preempted:
         rec["preempted"] = list(trace.preempted)
+    # whose prompt tokens the step computed (the others decoded one token each): only steps with prefill have it
+    if trace.prefill_tokens_by_request:
+        rec["prefill_tokens_by_request"] = dict(trace.prefill_tokens_by_request)
     if trace.error:
         rec["error"] = str(trace.error)
     return rec

@@ -45,6 +45,11 @@ STEP = {
         "built_during_step": {"type": ["integer", "null"]},
         "consumed_at_launch": {"type": ["integer", "null"]},
         "preempted": {"type": "array", "items": {"type": "string"}},
+        "prefill_tokens_by_request": {"type": "object", "additionalProperties": _COUNT,
+                                      "description": "whose prompt (or recompute) tokens prefill_tokens are: "
+                                                     "request id -> tokens; the step's other requests decoded one "
+                                                     "token each. Only on steps with prefill (absent in timelines "
+                                                     "from before it existed)"},
         "error": {"type": "string"},
         # steps imported from a profiler trace (telemetry/importers): what only a trace can show
         "marker": {"type": "string", "description": "the engine's own name for the step, as the trace has it"},

@@ -179,7 +179,8 @@ class SyntheticEngine:
         reqs = [r for r in self.running if r.out + r.inflight < r.max_new]
         if not reqs:
             return None
-        prefill = sum(r.prompt for r in reqs if not r.prefilled)
+        prefill_by_request = {r.id: r.prompt for r in reqs if not r.prefilled}
+        prefill = sum(prefill_by_request.values())
         decode = sum(1 for r in reqs if r.prefilled)
         for r in reqs:
             r.prefilled = True
@@ -194,7 +195,7 @@ class SyntheticEngine:
                        carried=decode if self.mode == "async" and self.pending else 0,
                        kv_blocks_used=self._blocks_used(), kv_blocks_total=self.num_blocks,
                        queue_depth=queue_depth, running=len(self.running), arrivals=arrivals,
-                       built_during_step=in_flight)
+                       built_during_step=in_flight, prefill_tokens_by_request=prefill_by_request)
         events, d2h_end = [], 0
         if self.gpu:
             launch = self._host(40)

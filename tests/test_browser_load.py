@@ -257,3 +257,67 @@ def test_an_ab_locks_the_toggle_counts_per_half_and_marks_better_and_worse(page,
         assert "worse" in row[3]
     assert page.query_selector("#bs-ab-invalid") is None
     assert not page.is_disabled("#bs-ab")
+
+
+# ----------------------------------------------------------------------------------- from a tail request to its steps
+
+FOCUS = """id => { const g = document.querySelector('#bs-gantt');
+  return g.dataset.focus === id && +g.dataset.focusspans >= 3 && +g.dataset.focussteps >= 1; }"""
+
+
+def gantt_range(page) -> list:
+    return page.evaluate("document.querySelector('#bs-gantt').layout.xaxis.range")
+
+
+def jump_to_slowest(page, server, replay: bool) -> dict:
+    """Click the slowest request's row; the Gantt must then show its lifetime with its spans and steps marked."""
+    page.wait_for_function("+document.querySelector('#bs-slowest')?.dataset.rows > 0", timeout=T)
+    rid = page.get_attribute("#bs-slowest tbody tr[data-id]", "data-id")
+    page.click(f"#bs-slowest tbody tr[data-id='{rid}']")
+    try:
+        page.wait_for_function(FOCUS, arg=rid, timeout=T)
+    except Exception:
+        raise AssertionError(page.evaluate("({...document.querySelector('#bs-gantt').dataset, "
+                                           "msg: document.querySelector('#bs-msg').textContent})"))
+    waits = get(server.url, f"/api/requests/{rid}/waits" + ("?replay=true" if replay else ""))
+    a, b = (t / 1e6 for t in waits["lifetime_us"])
+    lo, hi = gantt_range(page)
+    # the window is the request's lifetime with a little room either side, not the live 10 s
+    assert lo <= a and hi >= b and hi - lo <= (b - a) * 1.3 + 2e-3, (lo, hi, a, b)
+    assert [s["phase"] for s in waits["spans"]][:2] == ["queue", "prefill"]
+    assert "waited: queue" in text(page, "#bs-focus")
+    return waits
+
+
+def test_a_slowest_row_jumps_the_gantt_to_its_lifetime_live_and_in_replay(page, server):
+    load_tab(page)
+    lengths(page, 8, 16, 8, 16)
+    page.fill("#bs-n input", "8")
+    page.get_by_label("all at once").check()
+    page.click("#bs-fire")
+    page.wait_for_selector("#bs-burst-results", timeout=T)
+    page.click("#bs-slowest-refresh")
+    waits = jump_to_slowest(page, server, replay=False)
+    # the hover over one of its steps says what it did there and what it waited for
+    step = waits["steps"][-1]
+    box = page.query_selector("#bs-gantt").bounding_box()
+    lo, hi = gantt_range(page)
+    margin_l = page.evaluate("document.querySelector('#bs-gantt')._fullLayout.margin.l")
+    width = box["width"] - margin_l - 12
+    x = box["x"] + margin_l + width * ((step["compute_us"][0] / 1e6) - lo) / (hi - lo) + 1
+    page.mouse.move(x, box["y"] + box["height"] / 2)
+    page.wait_for_function("document.querySelector('#bs-gantt-hover')?.style.display === 'block'", timeout=T)
+    assert waits["id"] in text(page, "#bs-gantt-hover")
+
+    # in replay: the same burst, loaded as a replay, read from the replay
+    page.evaluate("""async () => {
+        const tl = await (await fetch('/api/timeline.json')).json();
+        await fetch('/api/replay', { method: 'POST', body: JSON.stringify(tl) });
+        window.batchscope.showReplay(tl, 'the burst'); }""")
+    page.wait_for_selector("#bs-replay-bar:not([hidden])", timeout=T)
+    page.wait_for_function("!document.querySelector('#bs-gantt').dataset.focus", timeout=T)   # the live pick went
+    replayed = jump_to_slowest(page, server, replay=True)
+    assert replayed["id"] and replayed["lifetime_us"][1] > replayed["lifetime_us"][0]
+    page.click("#bs-focus-clear")
+    page.wait_for_function("document.querySelector('#bs-gantt').dataset.focusspans === '0'", timeout=T)
+    page.click("#bs-back-live")

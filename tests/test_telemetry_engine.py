@@ -131,3 +131,30 @@ def test_traces_report_their_own_steps_kv_usage_and_sync_ones_wait_for_the_next_
     for step, _, launches in seen[:-1]:
         # sync: delivered once step + 1 was launched; async: step + 1 was launched before step was consumed
         assert launches == step - first + 2
+
+
+def test_a_step_names_whose_prompt_tokens_it_computed():
+    """Chunked prefill beside decodes on the real engine: a step with prefill says whose prompt tokens they were
+    (adding up to its prefill tokens; its other requests decoded one token each), and a prompt longer than the
+    token budget is split over steps whose parts add up to the prompt."""
+    eng = Engine(EngineConfig(model="tiny-random", device="cpu", dtype="float32", num_blocks=64,
+                              max_batch_tokens=32))
+    tel = Telemetry(eng, nvml_hz=0)
+    prompts = [list(range(3, 9)), list(range(10, 80))]
+    try:
+        outs = eng.generate(prompts, SamplingParams(max_new_tokens=6, ignore_eos=True))
+        tl = load_timeline(json.dumps(tel.timeline()))
+    finally:
+        tel.close()
+        eng.close()
+    prefilled: dict[str, int] = {}
+    for s in tl["steps"]:
+        by = s.get("prefill_tokens_by_request", {})
+        assert ("prefill_tokens_by_request" in s) == (s["prefill_tokens"] > 0)
+        assert sum(by.values()) == s["prefill_tokens"] and set(by) <= set(s["request_ids"])
+        assert s["decode_tokens"] == s["num_requests"] - len(by)
+        for rid, n in by.items():
+            prefilled[rid] = prefilled.get(rid, 0) + n
+    assert [prefilled[o.id] for o in outs] == [len(p) for p in prompts]
+    long_id = outs[1].id
+    assert sum(long_id in s.get("prefill_tokens_by_request", {}) for s in tl["steps"]) >= 3

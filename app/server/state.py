@@ -338,6 +338,36 @@ class AppState:
 
         return to_perfetto(self.timeline(recording))
 
+    def _shown(self, recording: str | None, replay: bool) -> dict:
+        """The timeline a page shows: the loaded replay (also on a live server that has one), a named recording,
+        or the live ring."""
+        if replay:
+            if self.replay is None:
+                raise NotFoundError("no replay loaded: POST a timeline to /api/replay or start with "
+                                    "`batchscope replay`")
+            return self.replay
+        return self.timeline(recording)
+
+    def request_waits(self, request_id: str, recording: str | None = None, replay: bool = False) -> dict:
+        """One request's spans, steps and waits in that timeline (telemetry/request_waits.py); NotFoundError when
+        it holds no request with that id."""
+        from batchscope.telemetry.request_waits import request_waits
+
+        tl = self._shown(recording, replay)
+        found = request_waits(tl.get("steps", []), tl.get("requests", []), request_id)
+        if found is None:
+            where = "the replay" if replay or self.telemetry is None else (
+                f"recording {recording!r}" if recording else "the live timeline")
+            raise NotFoundError(f"no request {request_id!r} in {where} (GET /api/requests/slowest lists some)")
+        return found
+
+    def slowest_requests(self, n: int, recording: str | None = None, replay: bool = False) -> dict:
+        from batchscope.telemetry.request_waits import slowest_requests
+
+        tl = self._shown(recording, replay)
+        return {"requests": slowest_requests(tl.get("steps", []), tl.get("requests", []), n),
+                "finished": sum(r.get("finish_us") is not None for r in tl.get("requests", []))}
+
     def start_recording(self, name: str | None = None) -> RecordingStarted:
         tel = self._need_telemetry()
         taken = set(tel.recordings())

@@ -256,12 +256,14 @@ export function showReplay(obj, name, board) {
   setText("bs-replay-text", replayTitle(tl, view.replayName));
   if (!state.live) setConn("replay");
   changed();
+  document.dispatchEvent(new CustomEvent("bs-source"));   // what follows the timeline shown (tail.js)
   note("replaying " + view.replayName, false);
 }
 
 export function backToLive() {
   followLive();
   changed();
+  document.dispatchEvent(new CustomEvent("bs-source"));
 }
 
 // ---------------------------------------------------------------- the mode lock

@@ -58,6 +58,7 @@ export const state = {
   dropped: 0,                               // frames the server dropped for this viewer
   shownRange: null,                         // the [lo, hi] of the last picture planned (it draws in slices)
   ganttRange: null,                         // the [lo, hi] the Gantt on screen shows
+  focus: null,                              // the request picked in the slowest list: its waits (tail.js)
   renders: 0,
   renderCost: 20,                           // ms per picture, smoothed: the redraw period follows it
 };

@@ -13,6 +13,7 @@ import { addSpan, coverage, paintInk, rgb } from "./ink.js";
 import { causeHint, causeLabel } from "./names.js";
 import { COLOR, GPU, HOST, LANES, NO_WORK, baseLayout, causeColor, draw, fontPx, ganttLanes, modeRuns, modeShapes,
   moveRange, presentHeight, rankLaneKey, textScale, warmupShapes } from "./plot.js";
+import { PHASE_COLOR } from "./tail.js";
 import { $, esc } from "./util.js";
 
 export const GANTT_HEIGHT = 318;           // with the ten lanes of one rank
@@ -61,10 +62,12 @@ export function showGantt(g) {
   const wu = warmupShapes(shownBoard(), lo, hi, true);
   const annotations = ms.annotations.concat(wu.annotations, gapLabels(steps, usPerPx, spec),
                                             placeholderNote(steps, g.gpuSeen, g.hostCompute, spec), rankTags(spec));
-  const shapes = ms.shapes.concat(wu.shapes);
+  const focus = focusShapes(lo, hi, spec);
+  const shapes = ms.shapes.concat(wu.shapes, focus.shapes);
+  annotations.push(...focus.annotations);
   // the markers and notes, apart from the window itself: when only the window moved, move the axis
   const key = [el.clientWidth, geo.margin.l, geo.height, spec.lanes.map(l => l.label).join(), shapes.map(s => s.path).join(),
-               JSON.stringify(annotations.map(a => [a.x, a.text]))].join(";");
+               JSON.stringify(annotations.map(a => [a.x, a.text])), focus.key].join(";");
   if (key !== last.layoutKey || !el.layout) {
     draw(el, [], ganttLayout(lo, hi, shapes, annotations, geo, spec));
     last.layoutKey = key;
@@ -79,6 +82,43 @@ export function showGantt(g) {
   el.dataset.markers = String(ms.count);
   el.dataset.ranks = String(tp.size);       // tensor-parallel ranks drawn (1: rank 0's lanes only)
   el.dataset.stripes = String(g.stripes);   // compute bars drawn with their all-reduce stripe
+  // the request clicked in the slowest list (tail.js): its id, its spans and its steps marked in view
+  el.dataset.focus = focus.id;
+  el.dataset.focusspans = String(focus.spans);
+  el.dataset.focussteps = String(focus.steps);
+}
+
+// The focused request (state.focus, set by tail.js): each span of its lifetime washed across the lanes with a
+// strip above them naming it, and an outline round the compute of each of its steps in view.
+const FOCUS_STEPS_MAX = 400;               // outlines drawn at most (a long decode: the strip still shows it)
+
+function focusShapes(lo, hi, spec) {
+  const f = state.focus;
+  const none = { shapes: [], annotations: [], key: "", id: "", spans: 0, steps: 0 };
+  if (!f || f.source !== state.view.source) return none;
+  const shapes = [], annotations = [];
+  let spans = 0, steps = 0;
+  for (const sp of f.spans) {
+    const a = sp.t0_us, b = sp.t1_us ?? hi;
+    if (a === null || b < lo || a > hi) continue;
+    const color = PHASE_COLOR[sp.phase] || "#64748b";
+    shapes.push({ type: "rect", xref: "x", yref: "paper", x0: a / 1e6, x1: b / 1e6, y0: 0, y1: 1, layer: "above",
+                  fillcolor: color, opacity: sp.phase === "decode" ? 0.07 : 0.14, line: { width: 0 } });
+    shapes.push({ type: "rect", xref: "x", yref: "paper", x0: a / 1e6, x1: b / 1e6, y0: 1.005, y1: 1.045,
+                  fillcolor: color, opacity: 0.9, line: { width: 0 } });
+    annotations.push({ xref: "x", yref: "paper", x: (Math.max(a, lo) + Math.min(b, hi)) / 2e6, y: 1.025, showarrow: false,
+                       text: sp.phase, font: { size: fontPx(9.5), color: "#fff" } });
+    spans++;
+  }
+  const y = spec.y.compute;
+  for (const d of f.steps) {
+    const c = d.compute_us;
+    if (!c || c[0] === null || c[1] > hi + 1 || c[1] < lo || steps >= FOCUS_STEPS_MAX) continue;
+    shapes.push({ type: "rect", xref: "x", yref: "y", x0: c[0] / 1e6, x1: c[1] / 1e6, y0: y - 0.46, y1: y + 0.46,
+                  line: { color: "#0f172a", width: 1.5 }, fillcolor: "rgba(0,0,0,0)" });
+    steps++;
+  }
+  return { shapes, annotations, key: `${f.id}|${spans}|${steps}`, id: f.id, spans, steps };
 }
 
 // The canvas covers Plotly's plot area; its columns are device pixels. The margin holds the lane labels

@@ -5,6 +5,7 @@
 import { allreduceEstimate, findStep, span, stepRows } from "./feed.js";
 import { causeLabel } from "./names.js";
 import { GPU, HOST } from "./plot.js";
+import { focusLine } from "./tail.js";
 import { esc } from "./util.js";
 
 const view = { steps: [], lo: 0, hi: 1, margin: null, plotH: 0, spec: null, tp: null, rankSteps: {}, bound: null, box: null };
@@ -50,7 +51,9 @@ function show(el, ev) {
   const s = nearest(list, view.lo + x * usPerPx);
   if (!s || Math.abs(s._c - (view.lo + x * usPerPx)) > Math.max(NEAR_PX * usPerPx, s._e - s._s)) return hide();
   const b = box(el);
-  b.innerHTML = rank ? describeRank(s, findStep(steps, s.step), view.tp.ranks.find(r => r.rank === rank)) : describe(s);
+  // (and what the request picked in the slowest list did there, or was waiting in: tail.js)
+  b.innerHTML = (rank ? describeRank(s, findStep(steps, s.step), view.tp.ranks.find(r => r.rank === rank)) : describe(s)) +
+    focusLine(s, view.lo + x * usPerPx);
   b.style.display = "block";
   // beside the cursor, flipped to the left near the right edge
   const bw = b.offsetWidth, left = ev.clientX - rect.left + 14;

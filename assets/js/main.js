@@ -10,6 +10,7 @@
  *   redraw.js    when to draw, in slices         view.js    Pause and the window buttons
  *   plot.js      colours, lanes, layout, zoom    gantt.js   the Gantt (ink.js, gantt_hover.js)
  *   charts.js    the small charts                still.js   no animation frames for Gradio's lost trackers
+ *   tail.js      the slowest requests, one request's waits on the Gantt
  *
  * After each picture the page fires a "bs-picture" event on document (detail: {lo, hi, steps}), for any part
  * of the page that follows the window shown.
@@ -22,6 +23,7 @@ import * as header from "./header.js";
 import { observeCharts, perf, startRedraw } from "./redraw.js";
 import "./stage.js";                 // scoreboard, presentation mode, keys, example recording
 import { keepStill, still } from "./still.js";
+import { buildTail } from "./tail.js";
 import { $, note, setText } from "./util.js";
 import { bindViewControls } from "./view.js";
 
@@ -53,6 +55,7 @@ function init() {
   buildScope(el);
   bindViewControls(el);
   buildLegend();
+  buildTail(el);
   observeCharts();
   if (window.ResizeObserver) new ResizeObserver(() => { state.dirty = true; }).observe(el);   // e.g. a panel hidden
   header.bindHeader();

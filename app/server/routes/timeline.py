@@ -1,4 +1,5 @@
-"""/api: timelines — the recording so far (JSON, Perfetto), named recordings, and loading one for replay."""
+"""/api: timelines — the recording so far (JSON, Perfetto), named recordings, loading one for replay, and the way
+from a tail request to its steps (the slowest requests, one request's waits)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -71,3 +72,19 @@ def replay_download(state: State, download: bool = False):
     if state.replay is None:
         raise NotFoundError("no replay loaded: POST a timeline to /api/replay or start with `batchscope replay`")
     return _download(state.replay, "batchscope-replay.json", download)
+
+
+# `recording` names a recording, `replay=true` reads the loaded replay (a live server may hold one): the timeline
+# the page shows. On a replay-only server the replay is the timeline either way.
+@router.get("/requests/slowest")
+def requests_slowest(state: State, recording: str | None = None, replay: bool = False, n: int = 10):
+    """The finished requests with the longest E2E, slowest first (telemetry/request_waits.py)."""
+    if not 1 <= n <= 200:
+        raise ValueError(f"n must be in [1, 200], got {n}")
+    return state.slowest_requests(n, recording, replay)
+
+
+@router.get("/requests/{request_id}/waits")
+def request_waits(request_id: str, state: State, recording: str | None = None, replay: bool = False):
+    """A request's lifetime as queue, prefill, decode and preempted spans, its steps, and what it waited for."""
+    return state.request_waits(request_id, recording, replay)
