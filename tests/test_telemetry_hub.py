@@ -298,3 +298,29 @@ def test_a_viewer_that_fell_behind_catches_up_on_requests_and_switches():
     assert {(c["step"], c["to"]) for c in tel.recorder.mode_changes} <= page.switches
     assert page.steps[-1] == tel.recorder.last_step
     tel.close()
+
+
+def test_a_catch_up_sends_the_live_edge_and_names_the_gap():
+    """Steps 0-99 end 0.1 s apart up to now: a viewer that read up to step 40 gets the last 2 s of steps (79-99),
+    told that 41-78 are a gap; requests finished since its last frame and those running; switches since then."""
+    from types import SimpleNamespace
+
+    from batchscope.telemetry.catchup import catch_up
+
+    now = 10e6
+    steps = [{"step": n, "cpu": {"schedule": [now - (99 - n) * 1e5 - 50, now - (99 - n) * 1e5]}} for n in range(100)]
+    done = [{"id": f"r{n}", "finish_us": now - (9 - n) * 1e6, "token_us": [1.0], "output_tokens": 1} for n in range(10)]
+    running = [{"id": "r10", "finish_us": None, "first_token_us": 5.0, "token_us": [5.0]}]
+    rec = SimpleNamespace(steps=steps, last_step=99, requests=done, active_requests=lambda: running, rank_steps=[],
+                          nvml=[{"t_us": now - 3e6}, {"t_us": now - 0.5e6}],
+                          mode_changes=[{"t_us": now - 6e6, "step": 40, "from": "sync", "to": "async"},
+                                        {"t_us": now - 1e6, "step": 90, "from": "async", "to": "sync"}])
+    body = catch_up(rec, now, since_us=now - 4.5e6, after_step=40)
+    assert [s["step"] for s in body["steps"]] == list(range(79, 100))
+    assert body["gap"] == {"first_step": 41, "last_step": 78, "steps": 38}
+    assert [(r["id"], r["state"]) for r in body["requests"]] == [(f"r{n}", "finished") for n in range(5, 10)] + \
+        [("r10", "decoding")]
+    assert [m["step"] for m in body["mode_changes"]] == [90]
+    assert body["nvml"] == [{"t_us": now - 0.5e6}]
+    assert catch_up(rec, now, since_us=now, after_step=99)["gap"] is None and \
+        catch_up(rec, now, since_us=now, after_step=99)["steps"] == []
