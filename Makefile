@@ -10,7 +10,7 @@ PORT ?= 7860
 BIN = $(VENV)/bin
 PIP = $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: install serve test browser-deps clean-venv
+.PHONY: install serve test browser-deps prometheus-deps clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV_OPTS) $(VENV)
@@ -32,10 +32,16 @@ browser-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium not installed: browser tests will be skipped"
 
+# Debian's Prometheus server, for the test that has it scrape a live batchscope (tests/test_prometheus.py)
+prometheus-deps:
+	@command -v prometheus >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
+	  echo "prometheus not installed: the Prometheus test will be skipped"
+
 serve: install
 	$(BIN)/batchscope serve --model smollm2-135m --host $(HOST) --port $(PORT)
 
-test: install browser-deps
+test: install browser-deps prometheus-deps
 	$(BIN)/python -m pytest -q
 
 clean-venv:

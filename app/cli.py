@@ -1,4 +1,4 @@
-"""`batchscope serve | replay | bench | soak`: the command line.
+"""`batchscope serve | replay | import | bench | soak | sweep`: the command line.
 
 It imports nothing heavy until a command runs: `batchscope --help` and `--version` load neither torch nor the web
 server. Each command imports what it needs inside its function (the server, the engine, the bench's runners).
@@ -12,10 +12,11 @@ import threading
 import time
 
 from batchscope import __version__
-from batchscope.engine.config import DTYPES, MODES
+from batchscope.engine.config import DTYPES, MODES, EngineConfig
 
 from .bench import options as bench_options
 from .bench.options import positive_int
+from .loadtest import sweep_client
 from .soak import options as soak_options
 
 DEFAULT_PORT = 7860
@@ -44,19 +45,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", default="async", choices=MODES, help="the loop to start in (switchable live)")
     s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: from free memory)")
     s.add_argument("--block-size", type=int, default=16)
-    s.add_argument("--max-batch-tokens", type=int, default=2048)
+    s.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens,
+                   help="per-step token budget: decodes plus prefill chunks")
+    s.add_argument("--no-mixed-graphs", action="store_true",
+                   help="run the steps that carry prefill eagerly (decode steps keep their CUDA graphs)")
     s.add_argument("--max-running", type=int, default=64)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split the model over N GPUs (one process each, started here), or N CPU processes")
+    s.add_argument("--profile-steps", type=int, default=None, metavar="N",
+                   help="run torch.profiler over the first N steps after start-up (GET /api/profile for the trace)")
     _limit_args(s)
     _server_args(s)
     s.set_defaults(func=cmd_serve)
 
-    r = sub.add_parser("replay", help="open the UI on a recorded timeline, without loading a model")
-    r.add_argument("file", help="a batchscope.timeline/1 JSON file (GET /api/timeline.json saves one)")
+    r = sub.add_parser("replay", help="open the UI on a recorded timeline or a profiler trace, without loading a model")
+    r.add_argument("file", help="a batchscope.timeline/1 JSON file (GET /api/timeline.json saves one), or a "
+                                "profiler trace (Kineto JSON, .gz or not), imported on the fly")
     _server_args(r)
     r.set_defaults(func=cmd_replay)
+
+    _add_import_parser(sub)
 
     # the tools' options are defined once, in their own options.py (argparse only)
     b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload",
@@ -68,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "repeated or leaked", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     soak_options.add_arguments(k)
     k.set_defaults(func=cmd_soak)
+
+    w = sub.add_parser("sweep", help="sweep offered load on a running server, in each mode: synchronous, "
+                                     "throughput, then rates between; writes batchscope.sweep/1 JSON")
+    sweep_client.add_arguments(w)
+    w.set_defaults(func=cmd_sweep)
     return p
 
 
@@ -99,7 +113,6 @@ def _say(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------- commands
 
 def cmd_serve(args) -> int:
-    from batchscope.engine.config import EngineConfig
     from batchscope.engine.model.loading import preflight
 
     from .loadtest.specs import Limits
@@ -108,10 +121,12 @@ def cmd_serve(args) -> int:
 
     try:
         check_bind(args.host, args.token)
+        _check_profile_steps(args.profile_steps)
         config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.mode,
                               block_size=args.block_size, num_blocks=args.num_blocks,
                               max_batch_tokens=args.max_batch_tokens, max_running=args.max_running,
-                              seed=args.seed, tensor_parallel_size=args.tensor_parallel_size).validate()
+                              seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
+                              mixed_graphs=not args.no_mixed_graphs).validate()
         preflight(config.model)       # a broken or refused checkpoint folder: one line, before "loading ..."
     except ValueError as e:
         _say(str(e))
@@ -127,7 +142,19 @@ def cmd_serve(args) -> int:
         return 2
     info = state.engine.info
     _say(f"loaded {info.get('model')} on {info.get('device')} ({info.get('dtype')}), mode {state.engine.mode}")
+    if args.profile_steps:
+        state.start_profile(args.profile_steps)
+        _say(f"profiling the first {args.profile_steps} steps: GET /api/profile, then its trace_url")
     return _serve(state, args)
+
+
+def _check_profile_steps(steps: int | None) -> None:
+    if steps is None:
+        return
+    from batchscope.engine.profiling import MAX_WINDOW_STEPS
+
+    if not 1 <= steps <= MAX_WINDOW_STEPS:
+        raise ValueError(f"--profile-steps must be from 1 to {MAX_WINDOW_STEPS}, got {steps}")
 
 
 def cmd_replay(args) -> int:
@@ -141,13 +168,38 @@ def cmd_replay(args) -> int:
     except ValueError as e:
         _say(str(e))
         return 2
+    from .trace_import import progress_bar
+
     try:
-        state = AppState.from_replay_file(args.file)
+        with progress_bar(f"importing {os.path.basename(args.file)}") as progress:   # shown only for a trace
+            state = AppState.from_replay_file(args.file, progress=progress)
     except (TimelineError, ValueError, OSError) as e:
         _say(f"cannot replay {args.file}: {e}")
         return 2
-    _say(f"replaying {args.file}: {len(state.replay.get('steps', []))} steps, no model loaded")
+    imported = " (a profiler trace, imported)" if state.replay["meta"].get("source") else ""
+    _say(f"replaying {args.file}{imported}: {len(state.replay.get('steps', []))} steps, no model loaded")
     return _serve(state, args)
+
+
+def _add_import_parser(sub) -> None:
+    i = sub.add_parser("import", help="turn profiler traces (vLLM, SGLang, transformers, torch.profiler) into a "
+                                      "timeline", description="Import Kineto / torch.profiler traces (JSON, .gz or "
+                                      "not) as a batchscope.timeline/1 file; docs/import.md.")
+    i.add_argument("traces", nargs="+", metavar="TRACE", help="a trace file; several: the ranks of one run")
+    i.add_argument("-o", "--output", metavar="OUT", default=None,
+                   help="the timeline to write (.gz: gzipped; default: beside the first trace, NAME.timeline.json)")
+    i.add_argument("--kernels", action="store_true", help="also keep every device op, for the Perfetto export")
+    i.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                   help="processes parsing a large file (default: one per core; 1: this process only)")
+    i.add_argument("--partial", action="store_true",
+                   help="import the part of a truncated trace that was written, instead of refusing it")
+    i.set_defaults(func=cmd_import)
+
+
+def cmd_import(args) -> int:
+    from .trace_import import run          # numpy and the importer load here
+
+    return run(args.traces, args.output, args.kernels, args.workers, args.partial)
 
 
 def cmd_bench(args) -> int:
@@ -160,6 +212,10 @@ def cmd_soak(args) -> int:
     from .soak import run
 
     return run.main(args)
+
+
+def cmd_sweep(args) -> int:
+    return sweep_client.main(args)        # an HTTP client of the server: no torch, no engine here
 
 
 def _serve(state, args) -> int:

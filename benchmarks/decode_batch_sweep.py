@@ -45,7 +45,7 @@ def main() -> None:
                    if os.environ.get("OUT") else None)
     args = p.parse_args()
     bw = copy_bandwidth()
-    sms = at._num_sms(torch.device("cuda"))
+    sms = at.sm_count(torch.device("cuda"))
     rows, summary = [], {}
     for batch in args.requests:
         auto = at.decode_splits(16384, 16, batch, 8, sms)

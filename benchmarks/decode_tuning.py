@@ -35,7 +35,7 @@ def main() -> None:
     args = p.parse_args()
     bw = copy_bandwidth()
     benches = {c: DecodeBench([c] * 32, max_len=16384) for c in CONTEXTS}
-    default_splits = at.decode_splits(16384, 16, 32, 8, at._num_sms(torch.device("cuda")))
+    default_splits = at.decode_splits(16384, 16, 32, 8, at.sm_count(torch.device("cuda")))
     rows = []
 
     def score(**kw) -> dict:

@@ -3,7 +3,8 @@
 # timings, and the engine benchmark against transformers. Logs and JSON land in $OUT (default ./out).
 # Usage: benchmarks/gpu_checks.sh [overlap|tests|kernels|tuning|fused|profile|demo|bench-a|bench-a-engine|
 #                                  bench-b|bench-c|determinism|moe|soak|telemetry|telemetry-sync|
-#                                  tp-tests|tp-bench|tp-transformers|tp-scale4|tp-scale8|all]...
+#                                  tp-tests|tp-bench|tp-transformers|tp-scale4|tp-scale8|served|
+#                                  served-transformers|all]...
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -49,13 +50,29 @@ if has demo; then      # a timeline with live switches, for `batchscope replay` 
   python3 benchmarks/demo_timeline.py --out "$OUT/demo.timeline.json" 2>&1 | tee "$OUT/demo.log"
 fi
 BENCH="python3 -m batchscope.app.bench --model llama3-8b-random --device cuda --requests 32 --prompt-tokens 256"
-if has bench-a; then   # (a) the issue's workload, side by side with transformers' continuous batching
+if has bench-a; then   # (a) the headline workload, side by side with transformers' continuous batching
   $BENCH --new-tokens 512 --modes sync,async --baseline transformers --out "$OUT/bench_a.json" --no-progress \
     2>&1 | tee "$OUT/bench_a.log"
 fi
 if has bench-a-engine; then   # (a) without the baseline: batchscope's two modes only
   $BENCH --new-tokens 512 --modes sync,async --out "$OUT/bench_a_engine.json" --no-progress \
     2>&1 | tee "$OUT/bench_a_engine.log"
+fi
+# The served workload: 240 requests, prompts 128-1024 and 64-512 new tokens (EOS ignored), Poisson
+# arrivals, seed 11, 64 running at most; the same seeded requests in both modes.
+SERVED="python3 -m batchscope.app.bench --workload served --model llama3-8b-random --device cuda --max-running 64
+  --requests 240 --prompt-tokens 128:1024 --new-tokens 64:512 --arrival poisson --seed 11 --modes sync,async
+  --no-progress"
+if has served; then    # both operating points, sync and async, then where each run's idle sits by step kind
+  for rate in 12 40; do
+    $SERVED --rate $rate --out "$OUT/served_r$rate.json" 2>&1 | tee "$OUT/served_r$rate.log"
+    python3 benchmarks/served_idle.py "$OUT/served_r$rate.sync.timeline.json" \
+      "$OUT/served_r$rate.async.timeline.json" --json "$OUT/served_r${rate}_idle.json" 2>&1 \
+      | tee -a "$OUT/served_r$rate.log"
+  done
+fi
+if has served-transformers; then   # the same requests through transformers' continuous batching, all at once
+  $SERVED --rate 12 --baseline transformers --out "$OUT/served_r12_tf.json" 2>&1 | tee "$OUT/served_r12_tf.log"
 fi
 if has telemetry; then  # event spans vs torch.profiler, idle gaps per mode, NVML beside event busy %
   python3 benchmarks/telemetry_gpu_check.py --pairs 12 --overhead-tokens 384 --window-tokens 384 --budget-s 520 \

@@ -88,18 +88,20 @@ def blocks_that_fit(rm: RankModel, config: EngineConfig) -> int:
 
 def make_runner(rm: RankModel, config: EngineConfig, num_blocks: int, ranks: RankGroup | None = None,
                 show_progress: bool = False) -> tuple[KVCache, ModelRunner]:
-    """The KV cache and the runner, with every decode graph captured (collectives inside, at TP > 1). `ranks` is
+    """The KV cache and the runner, with every step graph captured (collectives inside, at TP > 1). `ranks` is
     rank 0's group of the other ranks (None on those ranks themselves: they relay nothing)."""
     model = rm.loaded.model
     kv = KVCache(rm.loaded.kv_layout, num_blocks, config.block_size, model.dtype, rm.device)
     max_blocks = -(-rm.loaded.max_model_len // config.block_size)
+    # mixed graphs on one rank only: a capture that fails on one rank alone would leave the ranks apart
     runner = ModelRunner(model, kv, rm.device, config.max_batch_tokens, config.max_running, max_blocks,
-                         rm.attention, config.cuda_graphs, ranks or RankGroup())
+                         rm.attention, config.cuda_graphs, ranks or RankGroup(),
+                         mixed_graphs=config.mixed_graphs and rm.layout is None)
     if rm.layout is not None:       # what one all-reduce costs here: part of every step, and of its floor
         runner.allreduce_us = measure_allreduce(model.config.hidden_size, model.dtype, rm.device)
     if runner.graphs.enabled:
         from tqdm import tqdm
-        with tqdm(total=len(runner.graphs.keys()), desc="batchscope: capturing decode CUDA graphs", leave=False,
+        with tqdm(total=len(runner.graphs.keys()), desc="batchscope: capturing CUDA graphs", leave=False,
                   disable=not show_progress) as bar:
             runner.graphs.capture_all(progress=bar.update)
     return kv, runner

@@ -2,10 +2,12 @@
 folder loads is model.loading.preflight's question). The one module every part of the engine may import."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 MODES = ("sync", "async")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+MAX_TOP_LOGPROBS = 20               # OpenAI's top_logprobs limit: every logprobs step computes this many alternatives
 
 
 class ConfigError(ValueError):
@@ -25,12 +27,14 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None   # None: from kv_memory_fraction of free GPU memory (512 on CPU)
     kv_memory_fraction: float = 0.5
-    max_batch_tokens: int = 2048    # per-step token budget (prefill chunks + decodes)
+    max_batch_tokens: int = 256     # per-step token budget (prefill chunks + decodes): small enough that a step
+                                    # carrying a chunk stays within 2x a decode step (the ITL tail), with graphs
     max_running: int = 64
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
     attention: str = "auto"         # "auto" | "torch" | "triton"
-    cuda_graphs: bool = True        # decode steps replay CUDA graphs where the attention path allows it
+    cuda_graphs: bool = True        # steps replay CUDA graphs where the attention path allows it (graphs.py)
+    mixed_graphs: bool = True       # steps with prefill too, not only decode (one rank; budgets to 2048 tokens)
     fused_kernels: bool = True      # batchscope's kernels in the model (model/speedups.py): on CUDA with Triton,
                                     # fused norms, rotary, SiLU*up, few-row GEMMs; on CPU, oneDNN-packed linears
     merge_projections: bool = True  # one GEMM for q/k/v and one for gate/up per layer (kernels/projections.py)
@@ -68,6 +72,17 @@ class SamplingParams:
     seed: int | None = None         # None: drawn from the engine's own generator at submit
     ignore_eos: bool = False
     stop: tuple[str, ...] = field(default_factory=tuple)
+    # None: no logprobs; 0: the chosen token's only; k in 1..20: also the k most likely tokens (OpenAI's
+    # top_logprobs). Log-softmax of the model's own logits, before penalties and temperature (vLLM's raw_logprobs).
+    logprobs: int | None = None
+    presence_penalty: float = 0.0   # OpenAI/vLLM: minus this from every token the output holds at least once
+    frequency_penalty: float = 0.0  # OpenAI/vLLM: minus this times how often the output holds the token
+    repetition_penalty: float = 1.0  # HF/vLLM: tokens in the prompt or the output: positive logits divided by it,
+                                     # negative ones multiplied; 1.0: off
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def validate(self) -> "SamplingParams":
         def bad(msg: str) -> ConfigError:
@@ -88,4 +103,18 @@ class SamplingParams:
         self.stop = tuple(self.stop)
         if not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop must be a sequence of non-empty strings")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise bad(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= float(value) <= 2.0:
+                raise bad(f"{name} must be a number in [-2, 2], got {value!r}")
+        if not _is_number(self.repetition_penalty) or not (math.isfinite(self.repetition_penalty)
+                                                           and self.repetition_penalty > 0.0):
+            raise bad(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
         return self
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .batch import read_record
 from .profiling import Profiling
 from .request import Request, RequestHandle, TokenDelta
 from .runner import Launched, ModelRunner
@@ -51,6 +52,7 @@ class EngineCore:
         self.observers: list = []
         self.step_counter = 0
         self.requested_mode = "async"
+        self.mode_reason: str | None = None     # why the requested mode was asked for, for its ModeChange
         self.closing = False
         self._new_arrivals: list = []
         self._finished: list = []       # (id, reason, prompt, output) since the last trace
@@ -67,8 +69,9 @@ class EngineCore:
         self.inbox.put(("cancel", request_id))
         self.wakeup.set()
 
-    def request_mode(self, mode: str) -> None:
+    def request_mode(self, mode: str, reason: str | None = None) -> None:
         """The running loop returns at its next step boundary (async drains first) and the other one starts."""
+        self.mode_reason = reason
         self.requested_mode = mode
         self.wakeup.set()
 
@@ -102,18 +105,24 @@ class EngineCore:
 
     def mode_changed(self, from_mode: str, to_mode: str) -> None:
         self.flush_traces()
-        self.notify(ModeChange(now(), self.step_counter, from_mode, to_mode))
+        self.notify(ModeChange(now(), self.step_counter, from_mode, to_mode, self.mode_reason))
 
     def flush_traces(self) -> None:
         """Build the held traces and hand them to the observers, in step order. The loops call it where the
         observers' time hides behind the device: right after launching the next step (loop.py)."""
-        while self._held:
-            try:
-                trace = self._build_trace(*self._held.pop(0))
-            except Exception:               # telemetry must never stop a launched step from being consumed
-                traceback.print_exc()
-                continue
-            self.notify(trace)
+        if not self._held:
+            return self._flush_peer_spans()
+        with self.profiling.range("telemetry"):
+            while self._held:
+                try:
+                    trace = self._build_trace(*self._held.pop(0))
+                except Exception:               # telemetry must never stop a launched step from being consumed
+                    traceback.print_exc()
+                    continue
+                self.notify(trace)
+        self._flush_peer_spans()
+
+    def _flush_peer_spans(self) -> None:
         spans = self.runner.peer_spans()
         if spans and self.observers:
             self.notify(RankSpans(spans))
@@ -147,7 +156,8 @@ class EngineCore:
     # -- build: schedule + fill ---------------------------------------------------------------------------------
     def build(self, mode: str, in_flight: Step | None = None) -> Step | None:
         marks = self.profiling
-        marks.before_build()
+        if self.scheduler.running or self.scheduler.queue or not self.inbox.empty():
+            marks.before_build()     # an idle engine's polls leave a window pending until there is work
         t0 = now()
         with marks.range("schedule"):
             self._drain_inbox()
@@ -191,7 +201,7 @@ class EngineCore:
                 tokens = self.runner.wait(step.launched)
             t1 = now()
             with marks.range("update", step.plan):
-                delivered = self._update(step.plan, tokens)
+                delivered = self._update(step.plan, tokens, self.runner.logprobs(step.launched))
         except Exception as exc:
             self.fail(step, exc)
             return
@@ -201,7 +211,8 @@ class EngineCore:
         self._trace(step, delivered, None)
         marks.consumed(step.plan.step)
 
-    def _update(self, plan: StepPlan, tokens: list[int]):
+    def _update(self, plan: StepPlan, tokens: list[int], records):
+        """The step's tokens (and, from an extras step, their logprobs records) into their requests."""
         delivered = []
         t = now()
         for row, seq in enumerate(plan.sampled):
@@ -211,6 +222,10 @@ class EngineCore:
                 continue                 # learned one step late (EOS/stop/cancel): this extra token is dropped
             tok = tokens[row]
             req.output_ids.append(tok)
+            if req.output_logprobs is not None:
+                chosen, top = read_record(records[row], req.params.logprobs)
+                req.output_logprobs.append(chosen)
+                req.output_top_logprobs.append(top)
             if req.first_token_ns is None:
                 req.first_token_ns = t
             delivered.append((req.id, 1))
@@ -225,7 +240,7 @@ class EngineCore:
             handle = self.handles.get(req.id)
             if reason is None:
                 if handle is not None and handle.streaming:
-                    handle.deliver(TokenDelta([tok], ""))
+                    handle.deliver(TokenDelta([tok], "", **_latest_logprobs(req, 1)))
             else:
                 self._finish(req, reason, last_token=tok, text_cut=cut)
         return delivered
@@ -240,7 +255,8 @@ class EngineCore:
         self.requests.pop(req.id, None)
         if handle is not None:
             toks = [last_token] if last_token is not None and handle.streaming else []
-            handle.deliver(TokenDelta(toks, "", True, reason, error), req.output(self.detokenize))
+            handle.deliver(TokenDelta(toks, "", True, reason, error, **_latest_logprobs(req, len(toks))),
+                           req.output(self.detokenize))
 
     def fail(self, step: Step, exc: BaseException) -> None:
         """A step raised: its requests fail with the reason; everyone else keeps going. A later step that
@@ -283,3 +299,11 @@ class EngineCore:
             anchor=la.anchor if la is not None else None,
             built_during_step=step.built_during_step,
             arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted, error=error)
+
+
+def _latest_logprobs(req: Request, n: int) -> dict:
+    """A streamed delta's logprobs fields for the request's latest `n` tokens (none when it did not ask)."""
+    if req.output_logprobs is None:
+        return {}
+    latest = len(req.output_logprobs) - n
+    return {"logprobs": req.output_logprobs[latest:], "top_logprobs": req.output_top_logprobs[latest:]}

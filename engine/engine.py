@@ -79,11 +79,12 @@ class Engine:
     def mode(self) -> str:
         return self._core.requested_mode
 
-    def set_mode(self, mode: str) -> None:
-        """Takes effect at the next step boundary (the async loop drains its in-flight step first)."""
+    def set_mode(self, mode: str, reason: str | None = None) -> None:
+        """Takes effect at the next step boundary (the async loop drains its in-flight step first). `reason`
+        travels with the switch to the observers (an A/B's halves say so on the timeline)."""
         if mode not in LOOPS:
             raise ConfigError(f"mode must be one of {tuple(LOOPS)}, got {mode!r}")
-        self._core.request_mode(mode)
+        self._core.request_mode(mode, reason)
 
     # -- read-only views, for tools and tests that look inside ----------------------------------------------------
     @property
@@ -257,8 +258,13 @@ class Engine:
             "cuda_graphs": self.runner.graphs.enabled, "fused_kernels": len(self.kernels),
             # whether those kernels start while the kernel before them finishes (kernels/dependent_launch.py)
             "dependent_launch": self.attention == "triton" and _launches_early(self.device),
-            # why decode runs eagerly although graphs were asked for (None when they run), and how experts run
+            # why steps run eagerly although graphs were asked for (None when they run), and how experts run
             "cuda_graphs_note": self.runner.graphs.note, "graph_experts": self.runner.graphs.experts_impl,
+            # the token buckets of the steps with prefill that replay graphs ([]: they run eagerly), and why not
+            "mixed_graph_tokens": list(self.runner.graphs.mixed_buckets),
+            "mixed_graphs_note": self.runner.graphs.mixed_note,
+            # the device's token counts for penalties (penalties.py): a row per request that may run at once
+            "penalty_counts_bytes": self.runner.penalties.nbytes,
             "support": self.support,
             "merged_projections": len(self.merged),
             # tensor parallel: weight_bytes, num_kv_heads and num_params above are one rank's share

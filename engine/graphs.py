@@ -1,10 +1,18 @@
-"""CUDA graphs for decode steps: which graphs exist (slot x batch bucket x sampling path), capturing them all at
-start-up, replaying them, and giving up cleanly when a step cannot be captured (then it runs eagerly and `note`
-says why).
+"""CUDA graphs for steps: which graphs exist (slot x shape x sampling path), capturing them all at start-up,
+replaying them, and giving up cleanly when a step cannot be captured (then it runs eagerly and `note` says why).
 
-`DecodeGraphs` owns all of it: the buckets, the captured graphs and their memory pool, which of them time
+Two kinds of shape. Decode steps (every request one sampled token) pad their rows to a batch-size bucket. Mixed
+steps (prefill chunks with or without decodes) pad their tokens to a token bucket and their rows to all of the
+slot's rows: an eager mixed step costs the host a launch per op, ~50 ms for an 8B model, about what the device
+needs for a 2048-token chunk, so without graphs the host cannot get ahead of the device on the steps that carry
+prefill. The padded tokens belong to no request and the padded rows hold no tokens: the attention kernel gives
+the real rows exactly what it gives them unpadded (every other op works row by row), the padded tokens write only
+the scratch block, and the host reads back only the real rows. Mixed graphs run on one rank only (tensor parallel
+keeps its mixed steps eager).
+
+`StepGraphs` owns all of it: the shapes, the captured graphs and their memory pool, which of them time
 themselves, which sampling paths run eagerly, and the expert dispatch the graphs were captured with. The runner
-(runner.py) asks it which bucket a step gets and lets it replay; it hands over its slots, their events, the compute
+(runner.py) asks it which shape a step gets and lets it replay; it hands over its slots, their events, the compute
 stream and its forward at construction, and nothing of the runner is reached from here otherwise.
 """
 from __future__ import annotations
@@ -16,16 +24,19 @@ from typing import Callable
 
 import torch
 
-from .batch import Batch, IoSlot, fill_slot
+from .batch import Batch, GraphShape, IoSlot, fill_slot
 from .model.experts import GRAPH_SAFE_EXPERTS, experts_configs, experts_implementation, fused_experts_fit
 from .sampler import SAMPLE_PATHS, sample_path
 from .scheduler import StepPlan
 
-GraphKey = tuple[int, int, str]     # (slot, bucket, sampling path)
+MAX_MIXED_TOKENS = 2048     # a larger budget keeps its mixed steps eager (they are long and compute-bound)
+
+
+GraphKey = tuple[int, GraphShape, str]     # (slot, shape, sampling path)
 
 
 class GraphCaptureError(RuntimeError):
-    """A decode step could not be captured as a CUDA graph; the runner then runs it eagerly."""
+    """A step could not be captured as a CUDA graph; the runner then runs it eagerly."""
 
 
 @contextlib.contextmanager
@@ -41,49 +52,81 @@ def host_sync_forbidden():
 
 
 def graph_buckets(max_seqs: int) -> list[int]:
+    """Decode batch sizes."""
     sizes = [1, 2, 4, 8] + list(range(16, 129, 16)) + list(range(160, 1025, 32))
     return [b for b in sizes if b < max_seqs] + [max_seqs]
 
 
-class DecodeGraphs:
-    """The decode graphs of one runner: bucket choice, capture at start-up, replay."""
+def mixed_buckets(max_tokens: int) -> list[int]:
+    """Mixed-step token counts. From 256 tokens on a step pads to at most a quarter more (there the device's time
+    grows with the tokens); below, steps are bound by reading the weights and coarser buckets cost little. None
+    past MAX_MIXED_TOKENS: a budget that large is for long compute-bound prefill steps, which hide their
+    launches."""
+    sizes = [32, 64, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048]
+    if max_tokens > MAX_MIXED_TOKENS:
+        return []
+    return [t for t in sizes if t < max_tokens] + [max_tokens]
+
+
+class StepGraphs:
+    """The step graphs of one runner: shape choice, capture at start-up, replay."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, slots: list[IoSlot], events: list,
                  compute_stream, forward: Callable, carry_source: Callable, block_size: int, max_blocks: int,
-                 scratch_block: int, max_rows: int, enabled: bool, note: str | None = None):
+                 scratch_block: int, max_rows: int, enabled: bool, note: str | None = None,
+                 max_tokens: int = 0, mixed: bool = False):
         self.model, self.device = model, device
         self.slots, self.events, self.compute_stream = slots, events, compute_stream
         self._forward, self._carry_source = forward, carry_source      # the runner's: (batch, prev_out), (slot)
         self.block_size, self.max_blocks, self.scratch_block = block_size, max_blocks, scratch_block
         self.enabled = enabled
         self.buckets = graph_buckets(max_rows)
+        # mixed steps: every row of the slot, so any plan the scheduler makes fits
+        self.mixed_rows = slots[0].max_seqs if slots else 0
+        self.mixed_buckets = mixed_buckets(max_tokens) if mixed and enabled else []
+        self.mixed_note: str | None = None         # why mixed steps run eagerly although graphs were asked for
         self.graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
         self.timed: set[GraphKey] = set()           # graphs that record their own compute events
         self.captures = 0                           # captures attempted: all at start-up (a test holds it there)
-        self.pool = torch.cuda.graph_pool_handle() if enabled else None
-        self.note = note                            # why decode runs eagerly although graphs were asked for
+        self.pool = None                            # the graphs' shared memory pool, made by capture_all
+        self.note = note                            # why every step runs eagerly although graphs were asked for
         self.eager_paths: set[str] = set()          # sampling paths whose decode graphs could not be captured
         self.events_ok: bool | None = None          # whether timing events can be recorded inside a graph
         self.experts = experts_configs(model)
         self.experts_impl: str | None = None        # the experts implementation the graphs were captured with
 
     # -- serving ------------------------------------------------------------------------------------------------
-    def bucket_for(self, plan: StepPlan) -> int | None:
-        """The graph bucket of a decode-only step (every row one sampled token), None for an eager step."""
-        if not self.enabled or not all(s.num_tokens == 1 and s.sample for s in plan.seqs):
+    def shape_for(self, plan: StepPlan) -> GraphShape | None:
+        """The graph shape of a step: a decode bucket when every row is one sampled token, else a mixed one
+        when its tokens fit one; None for an eager step."""
+        if not self.enabled:
             return None
-        return next((b for b in self.buckets if b >= len(plan.seqs)), None)
+        if all(s.num_tokens == 1 and s.sample for s in plan.seqs):
+            rows = next((b for b in self.buckets if b >= len(plan.seqs)), None)
+            if rows is not None:
+                return GraphShape("decode", rows, rows)
+        if len(plan.seqs) <= self.mixed_rows:
+            tokens = next((t for t in self.mixed_buckets if t >= plan.num_tokens), None)
+            if tokens is not None:
+                return GraphShape("mixed", tokens, self.mixed_rows)
+        return None
+
+    def shapes(self) -> list[GraphShape]:
+        """Every shape a graph is captured for: decode first (its captures choose the expert dispatch, which the
+        mixed ones then reuse), each kind the most tokens first."""
+        return ([GraphShape("decode", b, b) for b in sorted(self.buckets, reverse=True)]
+                + [GraphShape("mixed", t, self.mixed_rows) for t in sorted(self.mixed_buckets, reverse=True)])
 
     def replay(self, batch: Batch, start=None) -> bool:
         """Replay the batch's graph on the compute stream (`start` recorded just before it); False when its
         sampling path runs eagerly (the caller then runs the forward). Never captures: a capture mid-serving would
         stall every request in flight."""
-        key = (batch.slot.index, batch.graph_bucket, sample_path(batch.any_random, batch.any_filter))
+        key = (batch.slot.index, batch.graph, sample_path(batch.any_random, batch.any_filter, batch.extras))
         graph = self.graphs.get(key)
         if graph is None:
-            if key[2] in self.eager_paths:
+            if key[2] in self.eager_paths or (key[1].kind == "mixed" and not self.mixed_buckets):
                 return False
-            raise RuntimeError(f"no decode graph for {key}: capture_all must run before serving")
+            raise RuntimeError(f"no step graph for {key}: capture_all must run before serving")
         if start is not None:
             start.record()
         graph.replay()
@@ -92,10 +135,10 @@ class DecodeGraphs:
 
     # -- start-up -----------------------------------------------------------------------------------------------
     def keys(self) -> list[GraphKey]:
-        """Every decode graph serving can ask for. Greedy first, so that a sampling path that cannot be captured
-        never costs the greedy graphs; within a path the largest bucket first, so later captures reuse the shared
+        """Every step graph serving can ask for. Greedy first, so that a sampling path that cannot be captured
+        never costs the greedy graphs; within a path the most tokens first, so later captures reuse the shared
         pool's blocks instead of growing it."""
-        return [(slot.index, b, path) for path in SAMPLE_PATHS for b in sorted(self.buckets, reverse=True)
+        return [(slot.index, shape, path) for path in SAMPLE_PATHS for shape in self.shapes()
                 for slot in self.slots]
 
     def capture_all(self, progress=None) -> None:
@@ -106,10 +149,12 @@ class DecodeGraphs:
         if not self.enabled:
             return
         greedy = next(iter(SAMPLE_PATHS))          # "greedy": without it graphs are not worth keeping
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         try:
             with torch.cuda.stream(self.compute_stream):
                 for key in self.keys():
-                    if key[2] not in self.eager_paths:
+                    if key[2] not in self.eager_paths and (key[1].kind == "decode" or self.mixed_buckets):
                         self._capture_or_skip(key, greedy)
                     if progress is not None:
                         progress()
@@ -118,13 +163,13 @@ class DecodeGraphs:
         torch.cuda.synchronize(self.device)
 
     def _capture_or_skip(self, key: GraphKey, greedy: str) -> None:
-        slot_index, bucket, path = key
+        slot_index, shape, path = key
         slot = self.slots[slot_index]
         empty = StepPlan(step=-1, seqs=[], queue_depth=0, running=0)
-        batch = fill_slot(empty, slot, self.block_size, pad_to=bucket, table_width=self.max_blocks,
-                          scratch_block=self.scratch_block)
-        batch.graph_bucket = bucket
-        batch.any_random, batch.any_filter = SAMPLE_PATHS[path]    # padding rows stay greedy
+        any_random, any_filter, extras = SAMPLE_PATHS[path]
+        batch = fill_slot(empty, slot, self.block_size, shape=shape, table_width=self.max_blocks,
+                          scratch_block=self.scratch_block, extras=extras)
+        batch.any_random, batch.any_filter = any_random, any_filter    # padding rows stay greedy
         n64, n32, nf = batch.sizes
         slot.dev64[:n64].copy_(slot.host64[:n64])
         slot.dev32[:n32].copy_(slot.host32[:n32])
@@ -132,6 +177,15 @@ class DecodeGraphs:
         try:
             self._capture(key, batch)
         except GraphCaptureError as exc:
+            if shape.kind == "mixed":
+                # the steps with prefill run eagerly, as they did before mixed graphs; decode keeps its graphs
+                self.mixed_note = f"mixed steps run eagerly: {exc}"
+                self.mixed_buckets = []
+                for k in [k for k in self.graphs if k[1].kind == "mixed"]:
+                    del self.graphs[k]
+                    self.timed.discard(k)
+                print(f"batchscope: {self.mixed_note}", file=sys.stderr, flush=True)
+                return
             if path == greedy:
                 raise
             # A sampling path that cannot be captured runs eagerly; greedy decode keeps its graphs.
@@ -139,9 +193,10 @@ class DecodeGraphs:
             self.note = f"{path} sampling runs eagerly: {exc}"
             for k in [k for k in self.graphs if k[2] == path]:
                 del self.graphs[k]
+                self.timed.discard(k)
 
     def _capture(self, key: GraphKey, batch: Batch) -> None:
-        """Record one decode graph. The batch's views sit at the bucket's fixed offsets; the carry source is
+        """Record one step graph. The batch's views sit at the shape's fixed offsets; the carry source is
         always the other slot's output. Raises GraphCaptureError (with the allocator left consistent) when the
         step cannot be captured."""
         self.captures += 1
@@ -149,7 +204,7 @@ class DecodeGraphs:
         ev = self.events[batch.slot.index]
         # warm-up outside the graph (kernel compilation, library handles), with host syncs made errors: a sync
         # inside a capture invalidates it, and a failed capture is far harder to undo than a failed warm-up
-        self._warm_up_capturable(batch, other)
+        self._warm_up_capturable(batch, other, key[1].kind)
         self.compute_stream.synchronize()
         if self.events_ok is None:
             self.events_ok = self._graph_events_work()
@@ -164,14 +219,14 @@ class DecodeGraphs:
                     ev.graph_end.record()
         except Exception as exc:
             self._abandon_capture(graph, self.pool)
-            raise GraphCaptureError(f"capturing the decode step failed ({type(exc).__name__}: "
+            raise GraphCaptureError(f"capturing the {key[1].kind} step failed ({type(exc).__name__}: "
                                     f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
         if self.events_ok:
             self.timed.add(key)
         self.graphs[key] = graph
 
-    def _warm_up_capturable(self, batch: Batch, other: torch.Tensor) -> None:
-        """One eager decode forward that must not synchronise with the host. An MoE whose expert dispatch
+    def _warm_up_capturable(self, batch: Batch, other: torch.Tensor, kind: str) -> None:
+        """One eager forward of the step that must not synchronise with the host. An MoE whose expert dispatch
         syncs gets the capture-safe one for its graphs (eager steps keep the model's own)."""
         from .kernels.moe import NAME as FUSED
         tries = [self.experts_impl]
@@ -192,8 +247,8 @@ class DecodeGraphs:
                     break
         first = str(cause).splitlines()[0] if str(cause) else ""
         if "synchroniz" in str(cause):
-            raise GraphCaptureError(f"the decode step synchronises with the host ({first})") from cause
-        raise GraphCaptureError(f"the decode warm-up failed ({type(cause).__name__}: {first})") from cause
+            raise GraphCaptureError(f"the {kind} step synchronises with the host ({first})") from cause
+        raise GraphCaptureError(f"the {kind} warm-up failed ({type(cause).__name__}: {first})") from cause
 
     def _graph_events_work(self) -> bool:
         """Whether this driver takes timing-event nodes in graphs, tried on a one-kernel graph in its own pool
@@ -245,6 +300,7 @@ class DecodeGraphs:
         Start-up only (a failed capture); synchronises the device."""
         self.enabled = False
         self.note = reason
+        self.mixed_buckets = []
         self.graphs.clear()
         self.timed.clear()
         self.pool = None
@@ -254,5 +310,5 @@ class DecodeGraphs:
         gc.collect()
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
-        print(f"batchscope: CUDA graphs are off for this model, decode runs eagerly: {reason}",
+        print(f"batchscope: CUDA graphs are off for this model, every step runs eagerly: {reason}",
               file=sys.stderr, flush=True)

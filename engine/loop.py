@@ -18,9 +18,10 @@ none of them blocks):
   2. build -> runner.prepare -> runner.wait_slot_free: the H2D event of the slot's previous step (two back),
      the write-after-read guard. Returns at once in both loops (that step was consumed, D2H after H2D,
      before this build); it is there for the hazard, not for the loops.
-  3. start-up -> DecodeGraphs.capture_all (graphs.py): every decode graph (slot x bucket x sampling path)
-     is captured before the first request, each capture synchronising the device; a greedy capture that fails
-     makes DecodeGraphs.disable synchronise once more (a sampling path that fails runs eagerly alone).
+  3. start-up -> StepGraphs.capture_all (graphs.py): every step graph (slot x shape x sampling path) is
+     captured before the first request, each capture synchronising the device; a greedy decode capture that
+     fails makes StepGraphs.disable synchronise once more (a sampling path that fails runs eagerly alone, and
+     so do mixed steps whose capture fails).
      Serving never captures. Tensor parallel start-up syncs too: the first all-reduce of the process group
      (parallel.ranks.init_group) and the all-reduce timing (parallel.sharding.measure_allreduce).
   4. a step out of device memory -> core.fail -> runner.free_cached_memory: empty_cache syncs (error path).

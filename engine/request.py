@@ -25,6 +25,10 @@ class RequestOutput:
     first_token_ns: int | None = None
     finish_ns: int | None = None
     text_cut: int | None = None     # where a stop string cut the text
+    # aligned with token_ids, None unless the request asked (SamplingParams.logprobs): each token's logprob, and
+    # the k most likely tokens at its position as (token id, logprob), most likely first (empty lists for k = 0)
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
     detokenize: Callable[[list[int], int | None], str] | None = field(default=None, repr=False, compare=False)
 
     @functools.cached_property
@@ -42,6 +46,8 @@ class TokenDelta:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[float] | None = None                       # aligned with token_ids, as in RequestOutput
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass(eq=False)  # identity equality: list membership and removal must not compare token lists
@@ -56,12 +62,22 @@ class Request:
     num_computed: int = 0
     pending: int = 0
     blocks: list[int] = field(default_factory=list)
+    penalty_row: int = -1           # its row of the device's token counts while it runs (penalties.py), else -1
     finish_reason: str | None = None
     error: str | None = None
     first_token_ns: int | None = None
     finish_ns: int | None = None
     text_cut: int | None = None     # where a stop string cut the output text
     stop_scan: IncrementalDetokenizer | None = None   # the output's text so far, kept for stop strings only
+    output_logprobs: list[float] | None = None        # aligned with output_ids when params.logprobs is set
+    output_top_logprobs: list[list[tuple[int, float]]] | None = None
+    # whether the steps it is in run penalties and logprobs (batch.py's extras steps): read at every fill
+    wants_extras: bool = field(init=False, default=False)
+
+    def __post_init__(self):
+        if self.params.logprobs is not None and self.output_logprobs is None:
+            self.output_logprobs, self.output_top_logprobs = [], []
+        self.wants_extras = self.params.has_penalties or self.params.logprobs is not None
 
     @property
     def known_len(self) -> int:
@@ -82,8 +98,11 @@ class Request:
         return self.prompt_ids[pos] if pos < p else self.output_ids[pos - p]
 
     def output(self, detokenize=None) -> RequestOutput:
+        logprobs = None if self.output_logprobs is None else list(self.output_logprobs)
+        top = None if self.output_top_logprobs is None else list(self.output_top_logprobs)
         return RequestOutput(self.id, list(self.prompt_ids), list(self.output_ids), self.finish_reason, self.error,
-                             self.arrival_ns, self.first_token_ns, self.finish_ns, self.text_cut, detokenize)
+                             self.arrival_ns, self.first_token_ns, self.finish_ns, self.text_cut, logprobs, top,
+                             detokenize)
 
 
 class IncrementalDetokenizer:
@@ -147,7 +166,8 @@ class RequestHandle:
         if delta.finished and self._output is not None and self._output.text.startswith(before):
             # the final text is authoritative (a stop string cuts it): emit exactly what is still missing
             text = self._output.text[len(before):]
-        return TokenDelta(delta.token_ids, text, delta.finished, delta.finish_reason, delta.error)
+        return TokenDelta(delta.token_ids, text, delta.finished, delta.finish_reason, delta.error, delta.logprobs,
+                          delta.top_logprobs)
 
     def __iter__(self):
         detok = IncrementalDetokenizer(self._decode)

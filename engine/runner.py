@@ -8,13 +8,15 @@ listed in loop.py's docstring (this module and graphs.py hold all of them); keep
 CPU there are no streams or events: `launch()` runs the step to completion and `wait()` returns at once, which keeps
 both loops valid there.
 
-Decode-only steps replay CUDA graphs (one per IO slot, batch-size bucket and sampling path) with the carry-over
-gather and the sampling inside the graph, so a step costs the host one launch instead of hundreds. All of them
-are captured at start-up: a capture synchronises the device, and one met mid-serving (the first sampled request
-in a bucket) would stall every request in flight. A model whose greedy decode step cannot be captured (it
-synchronises with the host, or the capture fails) runs every step eagerly instead; a sampling path (random,
-filtered) that cannot be captured runs eagerly alone. `graphs.note` says why: never a crash at start-up. The
-graphs are a part of their own (graphs.py, `DecodeGraphs`): the runner asks it for a step's bucket and lets it replay.
+Steps replay CUDA graphs (one per IO slot, padded shape and sampling path: decode steps by batch size, steps with
+prefill by token count) with the carry-over gather and the sampling inside the graph (penalties and logprobs too,
+on the extras path), so a step costs the host one launch instead of hundreds. All of them are captured at start-up:
+a capture synchronises the device, and one met mid-serving (the first sampled request in a bucket) would stall
+every request in flight. A model whose greedy decode step cannot be captured (it synchronises with the host, or the
+capture fails) runs every step eagerly instead; a sampling path (random, filtered, extras) that cannot be captured
+runs eagerly alone, and mixed steps that cannot be captured run eagerly while decode keeps its graphs.
+`graphs.note` and `graphs.mixed_note` say why: never a crash at start-up. The graphs are a part of their own
+(graphs.py, `StepGraphs`): the runner asks it for a step's shape and lets it replay.
 
 Under tensor parallelism the runner relays each step to the other ranks just before launching it (`ranks`, a
 parallel.ranks.RankGroup; for one rank every call on it is a no-op).
@@ -28,12 +30,13 @@ from dataclasses import dataclass
 import torch
 
 from .batch import Batch, IoSlot, fill_slot
-from .graphs import DecodeGraphs
+from .graphs import StepGraphs
 from .kv_cache import KVCache
 from .model.attention import AttentionMetadata, use_metadata
 from .model.source import embeds_only, logits_epilogue
 from .parallel.ranks import RankGroup
-from .sampler import sample
+from .penalties import PenaltyState
+from .sampler import sample, write_logprobs
 from .scheduler import StepPlan
 
 EVENT_NAMES = ("h2d_start", "h2d_end", "compute_start", "compute_end", "d2h_start", "d2h_end")
@@ -70,7 +73,7 @@ class Launched:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, max_tokens: int,
                  max_seqs: int, max_blocks: int, attention: str, cuda_graphs: bool = False,
-                 ranks: RankGroup | None = None):
+                 ranks: RankGroup | None = None, mixed_graphs: bool = False):
         self.model, self.kv, self.device, self.attention = model, kv, device, attention
         self.ranks = ranks or RankGroup()
         self.max_blocks = max_blocks
@@ -80,6 +83,11 @@ class ModelRunner:
         self.lm_head = model.get_output_embeddings()
         # what the model's own forward does to the logits after its lm_head (final soft-capping, scaling)
         self.logits_steps = logits_epilogue(model)
+        # the token counts of requests with penalties (penalties.py): one row per request that may run at once,
+        # as wide as any id that can be fed (the embedding's) or sampled (the logits')
+        head_width = getattr(self.lm_head, "out_features", None) or self.lm_head.weight.shape[0]
+        vocab = max(head_width, model.get_input_embeddings().weight.shape[0])
+        self.penalties = PenaltyState(max_seqs, vocab, device)
         self.block_size = kv.block_size
         self.slots = [IoSlot(i, max_tokens, max_seqs, max_blocks, device) for i in range(2)]
         self.cuda = device.type == "cuda"
@@ -96,24 +104,22 @@ class ModelRunner:
         note = None
         if cuda_graphs and self.cuda and attention != "triton":
             note = "the torch attention path loops over host-side lengths and cannot be captured"
-        self.graphs = DecodeGraphs(model, device, self.slots, self.events, self.compute_stream, self._forward,
-                                   self.carry_source, self.block_size, max_blocks, kv.scratch_block,
-                                   min(max_seqs, max_tokens), cuda_graphs and self.cuda and attention == "triton",
-                                   note)
+        self.graphs = StepGraphs(model, device, self.slots, self.events, self.compute_stream, self._forward,
+                                 self.carry_source, self.block_size, max_blocks, kv.scratch_block,
+                                 min(max_seqs, max_tokens), cuda_graphs and self.cuda and attention == "triton",
+                                 note, max_tokens=max_tokens, mixed=mixed_graphs)
         self.allreduce_us: dict[int, float] = {}   # tensor parallel: one all-reduce of [rows, hidden], measured
 
     # -- prepare ------------------------------------------------------------------------------------------------
     def prepare(self, plan: StepPlan) -> Batch:
-        """Fill the step's IO slot; decode-only steps get the fixed layout of their graph bucket."""
+        """Fill the step's IO slot; a step with a graph gets the fixed layout of its shape."""
         slot = self.slot_for(plan.step)
         self.wait_slot_free(slot)
-        bucket = self.graphs.bucket_for(plan)
-        if bucket is None:
+        shape = self.graphs.shape_for(plan)
+        if shape is None:
             return fill_slot(plan, slot, self.block_size)
-        batch = fill_slot(plan, slot, self.block_size, pad_to=bucket, table_width=self.max_blocks,
-                          scratch_block=self.kv.scratch_block)
-        batch.graph_bucket = bucket
-        return batch
+        return fill_slot(plan, slot, self.block_size, shape=shape, table_width=self.max_blocks,
+                         scratch_block=self.kv.scratch_block)
 
     def slot_for(self, step: int) -> IoSlot:
         return self.slots[step % 2]
@@ -135,10 +141,10 @@ class ModelRunner:
     def launch(self, batch: Batch) -> Launched:
         slot = batch.slot
         self.ranks.send_step(batch)     # the other ranks launch the same step (its collectives need them)
-        S = batch.num_sampled
+        n_out = slot.out_size(batch.num_sampled, batch.extras)    # tokens, and an extras step's records
         if not self.cuda:
             self._compute(batch, self.carry_source(slot))
-            slot.host_out[:S].copy_(slot.out_tokens[:S])
+            slot.host_out[:n_out].copy_(slot.out[:n_out])
             return Launched(batch, None, None)
 
         ev = self.events[slot.index]
@@ -164,23 +170,23 @@ class ModelRunner:
         with torch.cuda.stream(self.compute_stream):
             self.compute_stream.wait_event(ev.h2d_end)
             if ev.used:
-                self.compute_stream.wait_event(ev.d2h_end)   # out_tokens of this slot already copied out
+                self.compute_stream.wait_event(ev.d2h_end)   # this slot's output pack already copied out
             ev.last_in_graph = False
             self._compute(batch, prev_out, ev.compute_start)
             ev.compute_end.record()
         with torch.cuda.stream(self.d2h_stream):
             self.d2h_stream.wait_event(ev.compute_end)
             ev.d2h_start.record()
-            slot.host_out[:S].copy_(slot.out_tokens[:S], non_blocking=True)
+            slot.host_out[:n_out].copy_(slot.out[:n_out], non_blocking=True)
             ev.d2h_end.record()
         ev.used = True
         return Launched(batch, ev, anchor)
 
     def _compute(self, batch: Batch, prev_out: torch.Tensor, start=None) -> None:
-        """Runs on the compute stream: a graph replay for bucketed decode steps, else the eager forward (also for
+        """Runs on the compute stream: a graph replay for a step with a shape, else the eager forward (also for
         a sampling path whose graphs could not be captured). `start` (an event) is recorded just before the
         step's first kernel."""
-        if batch.graph_bucket is None or not self.graphs.replay(batch, start):
+        if batch.graph is None or not self.graphs.replay(batch, start):
             self._forward(batch, prev_out, start)
 
     def free_cached_memory(self) -> None:
@@ -193,7 +199,7 @@ class ModelRunner:
         """Carry-over gather first, then the model forward and sampling. The host-side set-up (views, metadata)
         comes before `start` is recorded, so the device is not counted busy while the host prepares."""
         input_ids = batch.view("input_ids")
-        carry = batch.num_carried or batch.graph_bucket is not None
+        carry = batch.num_carried or batch.graph is not None
         rows = batch.view("carry_rows") if carry else None
         positions = batch.view("positions")[None]
         B = batch.layout.B
@@ -209,12 +215,17 @@ class ModelRunner:
             kv_caches=self.kv.layers,
             backend=self.attention,
         )
+        counting = (tuple(batch.view(name) for name in ("reset_rows", "prompt_rows", "output_rows"))
+                    if batch.extras else None)
         with torch.inference_mode():
             if start is not None:
                 start.record()
             if carry:
                 # Placeholders become the tokens sampled by the previous step, still on the device.
                 input_ids = torch.where(rows >= 0, prev_out[rows.clamp(min=0)], input_ids)
+            if counting is not None:
+                # penalties count what is fed, real tokens only: the carried ones are in place by now
+                self.penalties.count_inputs(input_ids, *counting)
             # Looking the embedding up here puts the first kernel right after `start`, where the profiler sees
             # the step begin; inside the decoder it would follow its own Python (~0.3 ms for an eager 8B
             # prefill). That Python still runs on an idle device, now inside the span: a span cannot see the
@@ -223,14 +234,25 @@ class ModelRunner:
             inputs = {"inputs_embeds": self.embed(ids)} if self.embed is not None else {"input_ids": ids}
             with use_metadata(meta):
                 hidden = self.base(**inputs, position_ids=positions, use_cache=False).last_hidden_state[0]
-            S = batch.layout.S
-            if S:
+            if batch.layout.S:
                 logits = self.lm_head(hidden.index_select(0, batch.view("sample_idx")))
                 for step in self.logits_steps:
                     logits = step(logits)
-                tokens = sample(logits, batch.view("temperature"), batch.view("top_p"), batch.view("top_k"),
-                                batch.view("seeds"), batch.view("sample_pos"), batch.any_random, batch.any_filter)
-                batch.slot.out_tokens[:S].copy_(tokens)
+                self._sample(batch, logits)
+
+    def _sample(self, batch: Batch, logits: torch.Tensor) -> None:
+        """The step's tokens into its output pack; for an extras step, penalized first and followed by the
+        logprobs records (of the raw logits: sampler.write_logprobs)."""
+        S = batch.layout.S
+        scores = logits
+        if batch.extras:
+            scores = self.penalties.apply(logits, batch.view("penalty_rows"), batch.view("repetition"),
+                                          batch.view("frequency"), batch.view("presence"))
+        tokens = sample(scores, batch.view("temperature"), batch.view("top_p"), batch.view("top_k"),
+                        batch.view("seeds"), batch.view("sample_pos"), batch.any_random, batch.any_filter)
+        batch.slot.out_tokens[:S].copy_(tokens)
+        if batch.extras:
+            write_logprobs(logits, tokens, batch.slot.records(S))
 
     # -- wait ---------------------------------------------------------------------------------------------------
     def wait(self, launched: Launched) -> list[int]:
@@ -239,6 +261,12 @@ class ModelRunner:
             launched.events.d2h_end.synchronize()
         S = launched.batch.num_sampled
         return launched.batch.slot.host_out[:S].tolist()     # pinned host memory the copy already filled
+
+    def logprobs(self, launched: Launched):
+        """After `wait`: an extras step's logprobs records ([S, RECORD_WORDS] float32 numpy, batch.py says the
+        layout), read from the same copy as its tokens; None for any other step."""
+        batch = launched.batch
+        return batch.slot.host_records(batch.num_sampled) if batch.extras else None
 
     def went_idle(self) -> None:
         """No step to run: the other ranks may report the spans of their last steps now."""

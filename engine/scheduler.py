@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from .kv_cache import BlockAllocator
+from .penalties import PenaltyRows
 from .request import Request
 
 
@@ -56,6 +57,8 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.queue: deque[Request] = deque()
         self.running: list[Request] = []
+        # rows of the device's token counts for requests with penalties: one per request that may run at once
+        self.penalty_rows = PenaltyRows(max_running)
 
     # -- bookkeeping --------------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -70,6 +73,7 @@ class Scheduler:
             self.queue.remove(req)
         self.allocator.free(req.blocks)
         req.blocks = []
+        self.penalty_rows.give_back(req)
 
     def _length_capped(self, req: Request) -> bool:
         """True when the tokens already sampled (seen or in flight) are all this request may produce."""
@@ -86,6 +90,7 @@ class Scheduler:
         self.allocator.free(req.blocks)
         req.blocks = []
         req.num_computed = 0
+        self.penalty_rows.give_back(req)      # its counts are rebuilt from position 0 when it is re-admitted
         # back to the front, oldest first, so a preempted request is the next one admitted (no starvation)
         idx = 0
         while idx < len(self.queue) and self.queue[idx].arrival_ns < req.arrival_ns:
@@ -147,6 +152,7 @@ class Scheduler:
             self.queue.popleft()
             self.running.append(req)
             req.blocks += self.allocator.allocate(need)
+            self.penalty_rows.take(req)
             draft.add(seq)
 
     def _plan_for(self, req: Request, draft: _Draft) -> ScheduledSeq | None:

@@ -55,6 +55,7 @@ class ModeChange:
     step: int                       # the first step run by the new mode
     from_mode: str
     to_mode: str
+    reason: str | None = None       # who asked, when not a user: e.g. "A/B: sync half" (shown beside the switch)
 
 
 @dataclass

@@ -24,11 +24,13 @@ import statistics
 from .forecast import forecast_runs
 from .stretches import empty_queue_us, percentiles, run_periods, stretches, union_length
 
-RECENT_US = 2e6          # the header's window of completed work
+BUSY_US = 2e6            # the header's busy % covers the newest 2 s of completed work...
+TOKENS_US = 5e6          # ...and its tokens/s the newest 5 s
 WARMUP_STEPS = 3         # the first steps of every stretch: the pipeline fills, a switch drains
 MIN_STEPS = 20           # matched decode steps per mode before any ratio shows
 PRACTICAL = 0.02         # a ratio within 2% of 1 is "within noise" whatever its interval says
-LIVE_WINDOW_US = 15e6    # live, each mode's figures cover the newest 15 s of its latest stretch
+LIVE_WINDOW_US = 15e6    # live, each mode's figures cover the newest 15 s of its latest stretch...
+MAX_BOARD_STEPS = 1000   # ...and at most its newest 1000 steps (millisecond steps: the board stays cheap)
 Z90 = 1.645
 
 
@@ -39,15 +41,28 @@ def _tokens(rec: dict) -> int:
 
 # ------------------------------------------------------------------------------------------------- the header
 def recent(steps, now_us: float, running: int | None) -> dict:
-    """Busy % and tokens/s over the newest RECENT_US of completed work (header, "stats" messages). The window
-    ends at the newest completed step while requests run, at `now_us` once none do, and starts no earlier than
-    the work did (the first step after the last gap in which no request existed)."""
+    """The header's figures (the "stats" messages): busy % over the newest BUSY_US of completed work, output
+    tokens/s over the newest TOKENS_US (long enough that one prefill step of a slow device does not swing it).
+    Each window ends at the newest completed step while requests run, at `now_us` once none do, and starts no
+    earlier than the work did (the first step after the last gap in which no request existed)."""
     done = [r for r in steps if r.get("compute_us")]
     if not done:
-        return {"busy_pct": 0.0 if not running else None, "tokens_per_s": 0.0 if not running else None,
-                "window_us": None, "window_end_us": now_us, "window_steps": 0}
+        unknown = None if running else 0.0
+        return {"busy_pct": unknown, "tokens_per_s": unknown, "window_us": None, "window_end_us": now_us,
+                "window_steps": 0}
     end = max(r["compute_us"][1] for r in done[-8:]) if running else now_us
-    lo = end - RECENT_US
+    busy, width, n = _window(done, end, BUSY_US, lambda inside, lo: union_length([r["compute_us"] for r in inside],
+                                                                                lo, end))
+    tokens, t_width, _ = _window(done, end, TOKENS_US,
+                                 lambda inside, lo: sum(_tokens(r) for r in inside if r["compute_us"][1] <= end))
+    return {"busy_pct": round(100.0 * busy / width, 2) if width > 0 else None,
+            "tokens_per_s": round(tokens / (t_width / 1e6), 2) if t_width > 0 else None,
+            "window_us": round(width, 1), "window_end_us": end, "window_steps": n}
+
+
+def _window(done: list[dict], end: float, width_us: float, measure) -> tuple[float, float, int]:
+    """(measure(steps, lo), end - lo, steps) over the completed steps reaching into [end - width_us, end]."""
+    lo = end - width_us
     inside = []
     for r in reversed(done):
         if r["compute_us"][1] <= lo:
@@ -59,13 +74,7 @@ def recent(steps, now_us: float, running: int | None) -> dict:
             break
     else:
         lo = max(lo, done[0]["compute_us"][0])
-    width = end - lo
-    if width <= 0:
-        return {"busy_pct": None, "tokens_per_s": None, "window_us": 0, "window_end_us": end, "window_steps": 0}
-    busy = union_length([r["compute_us"] for r in inside], lo, end)
-    tokens = sum(_tokens(r) for r in inside if r["compute_us"][1] <= end)
-    return {"busy_pct": round(100.0 * busy / width, 2), "tokens_per_s": round(tokens / (width / 1e6), 2),
-            "window_us": round(width, 1), "window_end_us": end, "window_steps": len(inside)}
+    return (measure(inside, lo) if end > lo else 0.0), end - lo, len(inside)
 
 
 # ------------------------------------------------------------------------------------------- one mode's figures
@@ -258,17 +267,28 @@ def compare(sync_runs, async_runs) -> dict:
     return out
 
 
-def board(steps, live: bool, nvml=(), window_us: float = LIVE_WINDOW_US) -> dict:
-    """The scoreboard: each mode's figures (warm-up left out), the comparison and the async forecast."""
+def board(steps, live: bool, nvml=(), window_us: float = LIVE_WINDOW_US, cache: dict | None = None) -> dict:
+    """The scoreboard: each mode's figures (warm-up left out), the comparison and the async forecast. `cache`
+    (a dict the caller keeps) holds each mode's part by the steps it covered, so the live board recomputes only
+    the mode that is running: the other's stretch is over and its figures cannot change."""
     runs = mode_runs(steps, live, window_us)
     warmup: list = []
-    kept = {}
+    kept, modes = {}, {}
     for mode, rs in runs.items():
-        kept[mode], bands = _cut_warmup([r for r in rs if r])
+        rs = [r[-MAX_BOARD_STEPS:] for r in rs if r] if live else [r for r in rs if r]
+        key = (mode, tuple((r[0]["step"], r[-1]["step"]) for r in rs))
+        part = cache.get(key) if cache is not None else None
+        if part is None:
+            cut, bands = _cut_warmup(rs)
+            fig = stretch_figures(cut, nvml)
+            fig["warmup_steps"] = sum(min(len(r), WARMUP_STEPS) for r in rs)
+            part = (cut, bands, fig)
+            if cache is not None:
+                for k in [k for k in cache if k[0] == mode]:
+                    del cache[k]
+                cache[key] = part
+        kept[mode], bands, modes[mode] = part
         warmup += bands
-    modes = {m: stretch_figures(rs, nvml) for m, rs in kept.items()}
-    for m, rs in runs.items():
-        modes[m]["warmup_steps"] = sum(min(len(r), WARMUP_STEPS) for r in rs if r)
     return {"scope": "live" if live else "recording",
             "window_s": window_us / 1e6 if live else None,
             "warmup_steps_per_stretch": WARMUP_STEPS,

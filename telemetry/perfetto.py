@@ -7,6 +7,8 @@ Tracks (each a pid/tid pair, all named with "M" events):
   pid 3 requests  one lane per concurrent request: arrival -> finish, with arrival -> first token nested inside
   pid 4 metrics   counters: batch size, tokens, KV usage, queue depth, tokens/s, NVML utilization, power, CPU %
   pid 10+r        tensor parallel: rank r's streams (r >= 1), tid 1-3 as for pid 2 (pid 2 is rank 0's GPU)
+  pid 100+r       a timeline imported from a profiler trace with its kernels: rank r's device ops, one track per
+                  stream, and a track of its idle stretches named by cause
 Spans of one track never partially overlap: the host thread and each stream run one thing at a time, and any
 clock jitter that would make two touch is clipped. Times are quantised to 1/8 µs, which is exact in binary, so
 `ts + dur` of one event equals the `ts` of the next exactly. Files are capped by event count (oldest steps go
@@ -20,6 +22,8 @@ from .records import GPU_PHASES, HOST_PHASES
 
 HOST, GPU, REQUESTS, METRICS = 1, 2, 3, 4
 RANK_PID = 10                  # + rank, for ranks >= 1
+KERNELS_PID = 100              # + rank: an imported trace's device ops
+_KERNEL_IDLE_TID = 1_000_000   # above any stream id
 _STREAM_TID = {"h2d": 1, "compute": 2, "d2h": 3}
 _IDLE_TID = 4
 _EVENTS_PER_STEP = 16          # a generous estimate used for the cap
@@ -91,6 +95,7 @@ def to_perfetto(timeline: dict, max_events: int = 2_000_000, max_request_lanes: 
     for rec, rate in zip(steps, _rolling_rate(steps)):
         _step_events(tr, counters, rec, rate)
     _rank_events(tr, meta, timeline.get("rank_steps") or [], t_from)
+    kernels_dropped = _kernel_events(tr, timeline.get("kernels") or [], t_from, max_events // 2)
     for s in nvml:
         _nvml_counters(counters, s)
     for mc in timeline.get("mode_changes", []):
@@ -105,7 +110,8 @@ def to_perfetto(timeline: dict, max_events: int = 2_000_000, max_request_lanes: 
     return {"traceEvents": _names(tr, events) + events, "displayTimeUnit": "ms",
             "otherData": {"schema": timeline.get("schema"), "model": meta.get("model"),
                           "device": meta.get("device"), "gpu": meta.get("gpu"),
-                          "truncated_steps": truncated, "clipped_events": tr.clipped}}
+                          "truncated_steps": truncated, "clipped_events": tr.clipped,
+                          "truncated_device_ops": kernels_dropped}}
 
 
 def _capped(timeline: dict, max_events: int) -> tuple[list, list, int, float | None]:
@@ -193,6 +199,34 @@ def _rank_events(tr: _Trace, meta: dict, rank_steps: list, t_from: float | None)
             tr.track(pid, _STREAM_TID[phase], f"{phase.upper() if phase != 'compute' else 'compute'} stream")
             tr.span(pid, _STREAM_TID[phase], f"{phase} {n}", span[0], span[1], "gpu",
                     {"step": n, "rank": rank, "mode": rec.get("mode")})
+
+
+def _kernel_events(tr: _Trace, lanes: list, t_from: float | None, budget: int) -> int:
+    """Imported device ops (one track per stream) and named idle stretches; the newest `budget` in all. Returns
+    how many were left out."""
+    total = sum(len(lane["ops"]) + len(lane["idle"]) for lane in lanes)
+    keep_from = t_from
+    if total > budget:
+        starts = sorted((row[0] for lane in lanes for key in ("ops", "idle") for row in lane[key]), reverse=True)
+        keep_from = max(keep_from or starts[budget - 1], starts[budget - 1])
+    dropped = 0
+    for lane in lanes:
+        pid = KERNELS_PID + lane["rank"]
+        tr.procs[pid] = f"rank {lane['rank']} device {lane['device']}: ops from the trace"
+        for s, e, stream, name, kind, step in lane["ops"]:
+            if keep_from is not None and s < keep_from:
+                dropped += 1
+                continue
+            tr.track(pid, stream, f"stream {stream}")
+            tr.span(pid, stream, lane["names"][name], s, e, "device_op", {"kind": lane["kinds"][kind], "step": step})
+        for s, e, cause, step, inside in lane["idle"]:
+            if keep_from is not None and s < keep_from:
+                dropped += 1
+                continue
+            tr.track(pid, _KERNEL_IDLE_TID, "idle (cause)")
+            tr.span(pid, _KERNEL_IDLE_TID, f"idle: {lane['causes'][cause]}", s, e, "device_idle",
+                    {"step": step, "where": "inside the step" if inside else "before the step"})
+    return dropped
 
 
 def _nvml_counters(counters: list, s: dict) -> None:

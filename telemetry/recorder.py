@@ -23,6 +23,7 @@ from batchscope.engine.trace import ModeChange, RankSpans, StepTrace
 from .clock import EventClock, place
 from .idle import IdleAttributor
 from .records import mode_record, rank_step_record, request_record, step_record
+from .totals import Totals
 
 MAX_RECORDINGS = 8                      # named recordings kept; starting one more drops the oldest
 MAX_RECORDING_STEPS = 200_000           # per recording and kind of record
@@ -106,10 +107,12 @@ class Recorder:
                  ring_nvml: int = 12000, max_active: int = 8192, publish: Callable[[str, object], None] | None = None,
                  max_recording_steps: int = MAX_RECORDING_STEPS, max_recordings: int = MAX_RECORDINGS,
                  max_recording_bytes: int = MAX_RECORDING_BYTES, max_recordings_bytes: int = MAX_RECORDINGS_BYTES,
-                 collections: Callable[[], list] | None = None):
+                 collections: Callable[[], list] | None = None, totals: Totals | None = None):
         """`collections`: returns the garbage collections since its last call, (start_ns, end_ns, generation)
-        (telemetry.collector); each step's gap is attributed with those that ran before its trace arrived."""
+        (telemetry.collector); each step's gap is attributed with those that ran before its trace arrived.
+        `totals`: the running totals every record is added to as it is made (totals.py)."""
         self.origin_ns = origin_ns
+        self.totals = totals if totals is not None else Totals()
         self.collections = collections
         self.steps: deque = deque(maxlen=ring_steps)
         self.requests: deque = deque(maxlen=ring_requests)     # finished requests
@@ -158,12 +161,15 @@ class Recorder:
                                    {phase: [us(place(anchor_ns, a)), us(place(anchor_ns, b))]
                                     for phase, (a, b) in spans.items()})
             self.rank_steps.append(rec)
+            self.totals.on_rank_busy(rank, rec["compute_us"])
             self._to_recording("rank_steps", rec)
             self.publish("rank_step", rec)
 
     def _on_mode(self, change: ModeChange) -> None:
-        rec = mode_record(self._us(change.t_ns), change.step, change.from_mode, change.to_mode)
+        rec = mode_record(self._us(change.t_ns), change.step, change.from_mode, change.to_mode,
+                          getattr(change, "reason", None))
         self.mode_changes.append(rec)
+        self.totals.on_mode_change()
         self._to_recording("mode_changes", rec)
         self.publish("mode", rec)
 
@@ -201,6 +207,7 @@ class Recorder:
         if len(self._step_modes) > 64:
             del self._step_modes[next(iter(self._step_modes))]
         self.steps.append(rec)
+        self.totals.on_step(rec)
         self._to_recording("steps", rec)
         self.publish("step", rec)
         self._update_requests(tr, cpu)
@@ -210,24 +217,34 @@ class Recorder:
         self.observer_max_ns = max(self.observer_max_ns, left - entered)
 
     def _update_requests(self, tr: StepTrace, cpu: dict) -> None:
-        if not (tr.arrivals or tr.tokens or tr.finished or tr.preempted):
+        if not (tr.arrivals or tr.tokens or tr.finished or tr.preempted or tr.prefill_tokens):
             return
         done = cpu.get("update") or cpu.get("wait") or max(cpu.values(), key=lambda s: s[1], default=None)
         t = done[1] if done else None
         for rid, arrival_ns, prompt in tr.arrivals:
             if rid not in self.active:
                 self._admit(request_record(rid, self._us(arrival_ns), prompt))
+        if tr.prefill_tokens and "schedule" in cpu:      # a request's first step is one with prefill
+            self._mark_scheduled(tr.request_ids, cpu["schedule"][1])
+        totals = self.totals
+        itl = totals.itl.observe
         for rid, n in tr.tokens:
             if n <= 0:
                 continue
             req = self.active.get(rid) or self._admit(request_record(rid, None, None))
+            times = req["token_us"]
             if req["first_token_us"] is None:
                 req["first_token_us"] = t
+                totals.on_first_token(req)
                 self.publish("request", req)
+            elif times:
+                itl((t - times[-1]) / 1e6)
             if n == 1:
-                req["token_us"].append(t)
+                times.append(t)
             else:
-                req["token_us"].extend([t] * n)
+                times.extend([t] * n)
+                for _ in range(n - 1):
+                    itl(0.0)
             req["output_tokens"] += n
         for rid in tr.preempted:
             req = self.active.get(rid)
@@ -242,8 +259,17 @@ class Recorder:
             if output != req["output_tokens"]:   # attached mid-request: keep count == token times, note the rest
                 req["output_tokens_engine"] = output
             self.requests.append(req)
+            totals.on_finished(req)
             self._to_recording("requests", req)
             self.publish("request", req)
+
+    def _mark_scheduled(self, request_ids: list, t: float) -> None:
+        """The first step a request is in was scheduled at `t`: its queue time ends there."""
+        active = self.active
+        for rid in request_ids:
+            req = active.get(rid)
+            if req is not None and req["scheduled_us"] is None:
+                req["scheduled_us"] = t
 
     def _admit(self, req: dict) -> dict:
         if len(self.active) >= self.max_active:      # a request the engine never finished: forget the oldest

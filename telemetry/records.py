@@ -16,7 +16,9 @@ from batchscope.engine.trace import GPU_PHASES, HOST_PHASES  # noqa: F401 (the p
 SCHEMA_ID = "batchscope.timeline/1"
 
 # What the compute stream was waiting for during a GPU idle gap (see idle.py for how each is decided).
-IDLE_CAUSES = HOST_PHASES + ("h2d", "d2h", "telemetry", "empty_queue", "host_other", "gc")
+# Timelines imported from profiler traces add causes only a trace can tell apart (importers/gaps.py).
+TRACE_IDLE_CAUSES = ("host_sync", "host_op", "stream_wait", "copy", "collective", "other_work", "unattributed")
+IDLE_CAUSES = HOST_PHASES + ("h2d", "d2h", "telemetry", "empty_queue", "host_other", "gc") + TRACE_IDLE_CAUSES
 
 # Where a step's `compute_us` comes from: CUDA events anchored to the host clock, events placed by the end of
 # the host's wait (no anchor was given), the host launch span (CPU), or nothing (events could not be read).
@@ -77,6 +79,7 @@ def request_record(rid: str, arrival_us: float | None, prompt_tokens: int | None
     return {
         "id": rid,
         "arrival_us": arrival_us,
+        "scheduled_us": None,       # the end of the schedule span of the first step it was in
         "first_token_us": None,
         "finish_us": None,
         "prompt_tokens": prompt_tokens,
@@ -87,8 +90,11 @@ def request_record(rid: str, arrival_us: float | None, prompt_tokens: int | None
     }
 
 
-def mode_record(t_us: float, step: int, from_mode: str, to_mode: str) -> dict:
-    return {"t_us": t_us, "step": step, "from": from_mode, "to": to_mode}
+def mode_record(t_us: float, step: int, from_mode: str, to_mode: str, reason: str | None = None) -> dict:
+    rec = {"t_us": t_us, "step": step, "from": from_mode, "to": to_mode}
+    if reason:
+        rec["reason"] = reason          # who switched, when not a user (an A/B's warm-up and halves)
+    return rec
 
 
 def span_end(rec: dict) -> float | None:

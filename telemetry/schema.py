@@ -12,6 +12,8 @@ _SPAN = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems"
          "description": "[start_us, end_us] on the host clock, microseconds since the timeline's origin"}
 _NUM_OR_NULL = {"type": ["number", "null"]}
 _COUNT = {"type": "integer", "minimum": 0}
+_BY_CAUSE = {"type": "object", "propertyNames": {"enum": list(IDLE_CAUSES)},
+             "additionalProperties": {"type": "number", "minimum": 0}}
 
 STEP = {
     "type": "object",
@@ -39,12 +41,27 @@ STEP = {
         "compute_basis": {"enum": list(COMPUTE_BASES)},
         "gpu_idle_before_us": {"type": ["number", "null"], "minimum": 0},
         "idle_cause": {"enum": [*IDLE_CAUSES, None]},
-        "idle_by_cause_us": {"type": "object", "propertyNames": {"enum": list(IDLE_CAUSES)},
-                             "additionalProperties": {"type": "number", "minimum": 0}},
+        "idle_by_cause_us": _BY_CAUSE,
         "built_during_step": {"type": ["integer", "null"]},
         "consumed_at_launch": {"type": ["integer", "null"]},
         "preempted": {"type": "array", "items": {"type": "string"}},
         "error": {"type": "string"},
+        # steps imported from a profiler trace (telemetry/importers): what only a trace can show
+        "marker": {"type": "string", "description": "the engine's own name for the step, as the trace has it"},
+        "gpu_idle_inside_us": {"type": "number", "minimum": 0,
+                               "description": "idle time of the device inside the compute span (between kernels)"},
+        "idle_inside_by_cause_us": _BY_CAUSE,
+        "device_busy_us": {"type": "number", "minimum": 0,
+                           "description": "the compute span less the idle inside it: the union of the device's ops"},
+        "idle_host_late_us": {"type": "number", "minimum": 0,
+                              "description": "the part of the gap before the step that the host was late for"},
+        "idle_inside_host_late_us": {"type": "number", "minimum": 0},
+        "idle_host_ops_us": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0},
+                             "description": "the recorded ops the launching thread was in while the device "
+                                            "waited for it (the largest few)"},
+        "collective_us": {"type": "number", "minimum": 0,
+                          "description": "collective (NCCL/RCCL) kernel time in the compute span: busy, but "
+                                         "waiting for peers"},
     },
 }
 
@@ -69,6 +86,7 @@ REQUEST = {
     "properties": {
         "id": {"type": "string"},
         "arrival_us": _NUM_OR_NULL,
+        "scheduled_us": _NUM_OR_NULL,
         "first_token_us": _NUM_OR_NULL,
         "finish_us": _NUM_OR_NULL,
         "prompt_tokens": {"type": ["integer", "null"], "minimum": 0},
@@ -100,7 +118,47 @@ MODE_CHANGE = {
     "type": "object",
     "required": ["t_us", "step", "from", "to"],
     "properties": {"t_us": {"type": "number"}, "step": _COUNT, "from": {"enum": ["sync", "async"]},
-                   "to": {"enum": ["sync", "async"]}},
+                   "to": {"enum": ["sync", "async"]}, "reason": {"type": "string"}},
+}
+
+SOURCE = {
+    "type": "object",
+    "description": "a timeline imported from a profiler trace: where it came from and what had to be inferred",
+    "required": ["tool", "engine", "files", "trace_start", "steps_from", "inferred"],
+    "properties": {
+        "tool": {"type": "string"},
+        "format": {"type": "string"},
+        "engine": {"enum": ["batchscope", "vllm", "sglang", "transformers", "unknown"]},
+        "engine_evidence": {"type": "string"},
+        "vendor": {"type": "string"},
+        "files": {"type": "array", "items": {"type": "object", "required": ["name", "rank"]}},
+        "trace_start": {"type": ["string", "null"], "description": "ISO 8601 wall-clock time of the origin"},
+        "steps_from": {"type": "string", "description": "the markers the steps were split by, or how inferred"},
+        "inferred": {"type": "array", "items": {"type": "string"}},
+        "unknown": {"type": "array", "items": {"type": "string"}},
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "clock": {"type": "array", "items": {"type": "object"}},
+        "profiler": {"type": "object"},
+    },
+}
+
+KERNELS = {
+    "type": "array",
+    "description": "imported with kernels: every device op and named idle stretch of each device",
+    "items": {
+        "type": "object",
+        "required": ["rank", "device", "names", "kinds", "causes", "ops", "idle"],
+        "properties": {
+            "rank": _COUNT, "device": {"type": "integer"},
+            "names": {"type": "array", "items": {"type": "string"}},
+            "kinds": {"type": "array", "items": {"type": "string"}},
+            "causes": {"type": "array", "items": {"enum": list(IDLE_CAUSES)}},
+            "ops": {"type": "array", "description": "[start_us, end_us, stream, name, kind, step]",
+                    "items": {"type": "array", "minItems": 6, "maxItems": 6}},
+            "idle": {"type": "array", "description": "[start_us, end_us, cause, step, inside (0|1)]",
+                     "items": {"type": "array", "minItems": 5, "maxItems": 5}},
+        },
+    },
 }
 
 META = {
@@ -117,6 +175,7 @@ META = {
         "origin": {"type": "object"},
         "recording": {"type": ["object", "null"]},
         "status": {"type": "object"},
+        "source": SOURCE,
     },
 }
 
@@ -137,6 +196,7 @@ SCHEMA = {
         "nvml": {"type": "array", "items": NVML_SAMPLE},
         "mode_changes": {"type": "array", "items": MODE_CHANGE},
         "rank_steps": {"type": "array", "items": RANK_STEP},
+        "kernels": KERNELS,
         "summary": {"type": "object"},
     },
 }

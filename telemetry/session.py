@@ -21,7 +21,8 @@ from .perfetto import to_perfetto
 from .recorder import MAX_RECORDING_BYTES, MAX_RECORDING_STEPS, MAX_RECORDINGS, MAX_RECORDINGS_BYTES, Recorder
 from .records import SCHEMA_ID, span_end, span_start
 from .figures import board, recent
-from .summary import compare, summarize
+from .summary import compare, summarize, union_length
+from .totals import Totals
 
 
 @dataclasses.dataclass
@@ -40,7 +41,7 @@ class LiveStats:
     steps_per_s: float | None
     tokens_per_s: float | None
     busy_pct_1s: float | None           # event-based busy share over that window (None: no step completed yet)
-    window_s: float | None              # how much completed work the rates cover (up to figures.RECENT_US)
+    window_s: float | None              # how much completed work busy % covers (up to figures.BUSY_US)
     subscribers: int
     error: str | None = None            # the engine could not be asked for its counters
 
@@ -60,15 +61,17 @@ class Telemetry:
         self.observer_errors = 0
         self.last_observer_error: str | None = None
         self._closed = False
+        self._board_cache: dict = {}        # the live board's figures of a mode whose stretch is over
 
         self.hub = Hub(stats=self._live_stats, board=self.live_board, hz=hub_hz, max_pending=hub_max_pending,
                        max_subscribers=max_subscribers, catch_up=self._catch_up, clock=self.now_us)
         self.collector = CollectorPauses()
+        self.totals = Totals(self.info, bandwidth_gbps)
         self.recorder = Recorder(self.origin_ns, ring_steps=ring_steps, ring_requests=ring_requests,
                                  ring_nvml=int(max(nvml_hz, 1.0) * 600), publish=self.hub.publish,
                                  max_recording_steps=max_recording_steps, max_recordings=max_recordings,
                                  max_recording_bytes=max_recording_bytes, max_recordings_bytes=max_recordings_bytes,
-                                 collections=self.collector.take)
+                                 collections=self.collector.take, totals=self.totals)
         device = self.info.get("device") or getattr(getattr(engine, "config", None), "device", None)
         self.device = str(device) if device is not None else None
         self.sampler = Sampler(self.recorder.on_sample, self.now_us, self.device, hz=nvml_hz,
@@ -118,6 +121,9 @@ class Telemetry:
             "evicted_active_requests": rec.evicted_active,
             "subscribers": self.hub.subscribers, "hub_pending_overflow": self.hub.pending_overflow,
             "hub": self.hub.status(),
+            # the header's figure (figures.recent), so the status and the page never disagree
+            "busy_pct_1s": self._live_stats()["busy_pct_1s"],
+            "totals": self.totals.snapshot(),
         }
 
     def _config(self) -> dict:
@@ -136,21 +142,30 @@ class Telemetry:
 
     # ---- live viewers ----------------------------------------------------------------------------------------
     def hello(self) -> dict:
-        """The first websocket message: who we are, and the last few seconds so a new viewer can draw."""
-        now = self.now_us()
-        since = now - self.recent_s * 1e6
-        steps = [r for r in list(self.recorder.steps)[-4000:] if (span_end(r) or now) >= since]
-        nvml = [s for s in list(self.recorder.nvml) if s["t_us"] >= since]
-        done = [r for r in list(self.recorder.requests) if (r["finish_us"] or now) >= since]
-        ranks = [r for r in list(self.recorder.rank_steps)[-8000:] if (r["compute_us"] or [now, now])[1] >= since]
-        requests = [request_view(r) for r in done[-500:] + self.recorder.active_requests()[-500:]]
+        """The first websocket message: who we are, the last few seconds so a new viewer can draw at once (the page
+        then asks for `history`), and the scoreboard as it stands."""
         status = self.status()
         # model, device, gpu_name and nvml_available: the names /api/status gives the page's status line
         return {"type": "hello", "schema": SCHEMA_ID, "model": self.info.get("model"), "device": self.device,
                 "gpu_name": status["gpu_name"], "nvml_available": bool(status["nvml"]), "info": self.info,
-                "config": self._config(), "mode": self._mode(), "status": status, "t_us": now,
-                "recent": {"steps": steps, "nvml": nvml, "mode_changes": list(self.recorder.mode_changes),
-                           "requests": requests, "rank_steps": ranks}}
+                "config": self._config(), "mode": self._mode(), "status": status, "t_us": self.now_us(),
+                "recent": self.history(self.recent_s), "board": self.live_board()}
+
+    def history(self, seconds: float) -> dict:
+        """The live ring's records of the newest `seconds`: steps, NVML samples, requests (finished in it or still
+        running), mode switches and the other ranks' steps, each as the stream sends them."""
+        now = self.now_us()
+        since = now - seconds * 1e6
+        rec = self.recorder
+        steps = [r for r in list(rec.steps) if (span_end(r) or now) >= since]
+        nvml = [s for s in list(rec.nvml) if s["t_us"] >= since]
+        done = [r for r in list(rec.requests) if (r["finish_us"] or now) >= since]
+        ranks = [r for r in list(rec.rank_steps) if (r["compute_us"] or [now, now])[1] >= since]
+        requests = [request_view(r) for r in done[-2000:] + rec.active_requests()[-500:]]
+        switches = [m for m in list(rec.mode_changes) if m["t_us"] >= since]
+        return {"t_us": now, "since_us": since, "steps": steps, "nvml": nvml, "mode_changes": switches,
+                "requests": requests, "rank_steps": ranks,
+                "kept": {"steps": len(rec.steps), "ring_steps": rec.steps.maxlen}}
 
     def _live_stats(self) -> dict:
         """The body of "stats" messages (on the hub's thread): engine counters plus the last second's rates."""
@@ -177,7 +192,22 @@ class Telemetry:
     def live_board(self) -> dict:
         """The scoreboard over the live ring (figures.board): each mode's newest stretch, warm-up left out."""
         # a copy first: the engine thread appends to the ring while this runs on the hub's
-        return board(list(self.recorder.steps), live=True, nvml=list(self.recorder.nvml)[-2000:])
+        return board(list(self.recorder.steps), live=True, nvml=list(self.recorder.nvml)[-2000:],
+                     cache=self._board_cache)
+
+    def _recent_steps(self, now: float, window_s: float) -> list:
+        """The steps whose compute started in the last `window_s` seconds (read from the ring's end)."""
+        since = now - window_s * 1e6
+        return [r for r in list(self.recorder.steps)[-2000:] if r.get("compute_us") and r["compute_us"][0] >= since]
+
+    def busy_ratio(self, window_s: float = 1.0, now_us: float | None = None) -> float:
+        """Event-based busy share of the last `window_s` seconds: the union of the steps' compute spans (CUDA
+        events; the host launch spans on CPU) inside [now - window, now] over the window, as Prometheus
+        scrapes it (`batchscope_gpu_busy_ratio`). The header's `busy_pct_1s` ends at the newest completed step instead
+        (figures.recent), so a step in flight never reads as idle; on a steady load the two agree."""
+        now = self.now_us() if now_us is None else now_us
+        recent = self._recent_steps(now, window_s + 1.0)     # a span that started before the window may reach in
+        return union_length([r["compute_us"] for r in recent], now - window_s * 1e6, now) / (window_s * 1e6)
 
     # ---- recordings, summaries, export -----------------------------------------------------------------------
     def start_recording(self, name: str) -> dict:

@@ -59,6 +59,7 @@ def summarize(steps, requests=(), nvml=(), info: dict | None = None, bandwidth_g
     w0 = t0_us if t0_us is not None else min((span_start(r) for r in steps), default=None)
     w1 = t1_us if t1_us is not None else max((span_end(r) for r in steps), default=None)
     summary = _step_summary(steps, w0, w1)
+    summary.update(_inside_summary(steps))
     summary.update(_request_summary(requests, t0_us, t1_us))
     summary.update(_nvml_summary(nvml, w0, w1))
     summary.update(floor(steps, info or {}, bandwidth_gbps, summary["decode_ms_p50"]))
@@ -158,6 +159,26 @@ def _step_summary(steps, w0, w1) -> dict:
         "kv_usage_pct_max": round(max(kv_pct), 2) if kv_pct else None,
         "errors": sum(1 for r in steps if r.get("error")),
     }
+
+
+def _inside_summary(steps) -> dict:
+    """Steps imported from a profiler trace also know the idle time inside their compute spans (between kernels),
+    how much of each kind of gap the host was late for, and collective time: their sums (absent otherwise)."""
+    if not any("gpu_idle_inside_us" in r for r in steps):
+        return {}
+    by_cause: dict[str, float] = {}
+    for r in steps:
+        for cause, us in (r.get("idle_inside_by_cause_us") or {}).items():
+            by_cause[cause] = by_cause.get(cause, 0.0) + us
+
+    def total(key):
+        return round(sum(r.get(key) or 0.0 for r in steps), 1)
+
+    return {"idle_inside_us_total": total("gpu_idle_inside_us"),
+            "idle_inside_us_by_cause": {k: round(v, 1) for k, v in sorted(by_cause.items())},
+            "idle_host_late_us": total("idle_host_late_us"),
+            "idle_inside_host_late_us": total("idle_inside_host_late_us"),
+            "collective_us": total("collective_us")}
 
 
 def _request_summary(requests, t0_us, t1_us) -> dict:

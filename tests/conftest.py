@@ -67,6 +67,44 @@ def reference_generate(model, prompt_ids: list[int], max_new_tokens: int, eos_to
     return out[0, len(prompt_ids):].tolist()
 
 
+def reference_penalized_generate(model, prompt_ids: list[int], max_new_tokens: int, presence: float = 0.0,
+                                 frequency: float = 0.0, repetition: float = 1.0,
+                                 eos_token_id: int | None = None) -> list[int]:
+    """transformers' own greedy generate with vLLM's penalties applied to its float32 logits at every step (a
+    logits processor): repetition on tokens in the prompt or the output so far (positive logits divided, the
+    others multiplied), then frequency times each token's count in the output, then presence for each token in it."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    prompt_len = len(prompt_ids)
+
+    class VllmPenalties(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            width = scores.shape[-1]
+            in_prompt = torch.zeros(width, dtype=torch.bool, device=scores.device)
+            in_prompt[input_ids[0, :prompt_len]] = True
+            counts = torch.bincount(input_ids[0, prompt_len:], minlength=width)
+            penalty = torch.where(in_prompt | (counts > 0), repetition, 1.0)
+            logits = scores[0].float()
+            logits = logits * torch.where(logits > 0, 1.0 / penalty, penalty)
+            logits = logits - frequency * counts
+            return (logits - presence * (counts > 0))[None]
+
+    ids = torch.tensor([prompt_ids], device=model.device)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=eos_token_id if eos_token_id is not None else -1,
+                             pad_token_id=0, logits_processor=LogitsProcessorList([VllmPenalties()]))
+    return out[0, prompt_len:].tolist()
+
+
+def reference_logprobs(model, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    """[len(token_ids), vocab]: float32 log-softmax of transformers' own logits at each generated token's position."""
+    ids = torch.tensor([prompt_ids + token_ids[:-1]], device=model.device)
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1:]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
 def random_prompts(n: int, vocab: int, lo: int, hi: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
@@ -228,12 +266,13 @@ def browser():
 
 
 @contextlib.contextmanager
-def tiny_app_server(limits, ui: bool = True):
-    """The app on the tiny-random preset, served from a thread of this process."""
+def tiny_app_server(limits, ui: bool = True, model: str = "tiny-random"):
+    """The app on the tiny-random preset (or another: the embedded smollm2-135m has steps of hundreds of ms on a
+    small CPU, which millisecond steps hide bugs from), served from a thread of this process."""
     from batchscope.app.server import ServerThread, create_app
     from batchscope.app.server.state import AppState
 
-    state = AppState.load(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
+    state = AppState.load(EngineConfig(model=model, device="cpu", dtype="float32", mode="async",
                                        num_blocks=512, max_batch_tokens=512, max_running=32), limits)
     srv = ServerThread(create_app(state, ui=ui)).start()
     try:

@@ -95,7 +95,7 @@ class SyntheticEngine:
         if fn in self._observers:
             self._observers.remove(fn)
 
-    def set_mode(self, mode: str) -> None:
+    def set_mode(self, mode: str, reason: str | None = None) -> None:
         self._next_mode = mode
 
     def stats(self) -> dict:

@@ -187,6 +187,29 @@ def test_requests_without_queries_are_skipped():
 
 
 @interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_over_a_mixed_graph_layout_gives_the_real_rows_their_unpadded_answer(dtype):
+    """A mixed step padded for its CUDA graph (graphs.py): tokens past the last query start that belong to no
+    request, rows with no query and no context after the real ones. The grid and the row count are the padded
+    ones, as baked into the graph; the real tokens' outputs must be exactly the unpadded call's."""
+    q, kc, vc, meta = make_inputs([37, 80, 5, 40], [37, 30, 1, 17], 8, 2, 64, 16, dtype, seed=12)
+    plain = at.paged_prefill(q, kc, vc, meta, 0.125, block_m=32, block_n=16)
+    T, pad_tokens, pad_rows = q.shape[0], 11, 3
+    qsl = meta.query_start_host + [T] * pad_rows
+    lens = meta.seq_lens_host + [0] * pad_rows
+    tables = torch.cat([meta.block_tables, torch.zeros(pad_rows, meta.block_tables.shape[1], dtype=torch.int32)])
+    padded_q = torch.cat([q, torch.full((pad_tokens, *q.shape[1:]), float("nan"), dtype=q.dtype)])
+    padded = AttentionMetadata(
+        slot_mapping=torch.cat([meta.slot_mapping, torch.zeros(pad_tokens, dtype=torch.int64)]),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32), seq_lens=torch.tensor(lens, dtype=torch.int32),
+        block_tables=tables, query_start_host=qsl, seq_lens_host=lens, max_query_len=meta.max_query_len,
+        max_seq_len=meta.max_seq_len, kv_caches=meta.kv_caches, backend="triton")
+    out = at.paged_prefill(padded_q, kc, vc, padded, 0.125, block_m=32, block_n=16)
+    assert out.shape[0] == T + pad_tokens
+    assert torch.equal(out[:T], plain)          # the padding tokens (NaN here) reach no real row
+
+
+@interp
 def test_group_size_that_is_not_a_power_of_two():
     # SmolLM2-135M's shape: 9 query heads over 3 KV heads (groups of 3, padded to 4 / 16 rows inside).
     q, kc, vc, meta = make_inputs(CTX, [1] * len(CTX), 9, 3, 64, 16, torch.float32, seed=9)
@@ -353,7 +376,7 @@ def test_gpu_prefill_matches_reference(dtype, group, kv_heads, head_dim, block_s
 @gpu
 def test_gpu_decode_of_a_large_batch_matches_reference(dtype, group, kv_heads, head_dim, block_size):
     # Enough (request, KV head) programs for the many-programs tile, with padded slots (no query) among them.
-    n = -(-at.MANY_PROGRAMS_PER_SM * at._num_sms(torch.device("cuda")) // kv_heads) + 8
+    n = -(-at.MANY_PROGRAMS_PER_SM * at.sm_count(torch.device("cuda")) // kv_heads) + 8
     lens = _rand_lens(n, 1, 1200, seed=head_dim + group + 2)
     lens[7] = lens[n // 2] = 0
     q, kc, vc, meta = make_inputs(lens, [int(n > 0) for n in lens], group * kv_heads, kv_heads, head_dim,

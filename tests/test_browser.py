@@ -32,7 +32,7 @@ from batchscope.telemetry import SCHEMA_ID, validate_timeline  # noqa: E402
 
 LIMITS = Limits(max_prompt_tokens=512, max_new_tokens=512, max_burst_requests=64, max_concurrent_bursts=2,
                 max_waiting_requests=256)
-T = 30_000            # ms: generous for a slow CI box; every wait ends as soon as its condition holds
+T = 90_000            # ms: generous for a busy laptop or CI box; every wait ends as soon as its condition holds
 
 
 @pytest.fixture(scope="module")
@@ -155,9 +155,12 @@ def test_live_page_story(server, browser, tmp_path):
     for lane in ("schedule", "fill", "launch", "update", "sync"):
         assert lane in names, names
     assert "compute (host)" in names or "compute" in names, names
+    # (a chart out of sight is drawn when it scrolls into sight: bring each one there first)
     for chart in ("bs-c-tps", "bs-c-batch", "bs-c-kv", "bs-c-queue", "bs-c-busy"):
-        peak = page.evaluate(f"Math.max(0, ...document.getElementById('{chart}').data.flatMap(t => t.y.filter(v => v !== null)))")
-        assert peak > 0, f"{chart} drew nothing"
+        page.locator(f"#{chart}").scroll_into_view_if_needed()
+        peak = f"Math.max(0, ...(document.getElementById('{chart}').data || []).flatMap(t => t.y.filter(v => v !== null)))"
+        page.wait_for_function(f"{peak} > 0", timeout=T)
+        assert page.evaluate(peak) > 0, f"{chart} drew nothing"
     # idle gaps before steps are drawn on their own lane, one trace per cause
     assert any(n.startswith("idle: ") for n in names), names
     # the lane labels checks outside the repository rely on
@@ -176,6 +179,8 @@ def test_live_page_story(server, browser, tmp_path):
     page.click("#bs-pause")
     page.wait_for_function(f"{x_end} > {held}", timeout=T)
     lo = page.evaluate("document.getElementById('bs-gantt').layout.xaxis.range[0]")
+    page.locator("#bs-c-kv").scroll_into_view_if_needed()          # (drawn once in sight)
+    page.wait_for_function("!!document.getElementById('bs-c-kv').layout", timeout=T)
     page.evaluate(f"Plotly.relayout('bs-c-kv', {{'xaxis.range': [{lo}, {lo} + 0.5]}})")
     page.wait_for_function(
         f"Math.abs(document.getElementById('bs-gantt').layout.xaxis.range[1] - ({lo} + 0.5)) < 1e-6", timeout=T)

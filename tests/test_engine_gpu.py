@@ -278,3 +278,49 @@ def test_sampled_decodes_replay_graphs_captured_at_start_up_and_never_wait_for_a
                 assert outs[(mode, 2, n)] != outs[(mode, 0, n)] and outs[(mode, 3, n)] != outs[(mode, 0, n)]
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "switch"])
+def test_steps_with_prefill_replay_mixed_graphs_and_keep_greedy_tokens(qwen3_checkpoint, mode):
+    """Chunked prefill mixed with decodes: every step replays a graph captured at start-up (mixed ones padded to
+    a token bucket), float32 tokens equal transformers', and no capture happens while serving."""
+    path, _m, eos = qwen3_checkpoint
+    eng = _engine(path, "float32", "triton")
+    graphs = eng.runner.graphs
+    assert graphs.enabled and graphs.mixed_buckets and graphs.mixed_note is None, (graphs.note, graphs.mixed_note)
+    assert eng.info["mixed_graph_tokens"] == graphs.mixed_buckets[:] and graphs.mixed_buckets[-1] == 128
+    assert {k for k in graphs.graphs if k[1].kind == "mixed"}, "no mixed graph was captured"
+    captured, kinds = graphs.captures, []
+    replay = graphs.replay
+
+    def spy(batch, start=None):
+        done = replay(batch, start)
+        kinds.append((batch.graph.kind, done))
+        return done
+    graphs.replay = spy
+    try:
+        ref_model = _reference_model(path, "float32")
+        prompts = random_prompts(10, 512, 20, 200, seed=13)          # over a 128-token budget: chunks, mixed in
+        outs = generate_in_mode(eng, prompts, SamplingParams(max_new_tokens=16, ignore_eos=False), mode)
+        for p, out in zip(prompts, outs):
+            assert out.token_ids == reference_generate(ref_model, p, 16, eos)
+    finally:
+        graphs.replay = replay
+    assert ("mixed", True) in kinds and ("decode", True) in kinds and all(done for _, done in kinds), kinds
+    assert graphs.captures == captured
+
+
+def test_without_mixed_graphs_steps_with_prefill_run_eagerly(qwen3_checkpoint):
+    path, _m, eos = qwen3_checkpoint
+    eng = Engine(EngineConfig(model=path, device="cuda", dtype="float32", attention="triton", mode="async",
+                              num_blocks=256, max_batch_tokens=128, max_running=16, mixed_graphs=False))
+    try:
+        graphs = eng.runner.graphs
+        assert graphs.enabled and graphs.mixed_buckets == [] and eng.info["mixed_graph_tokens"] == []
+        assert all(k[1].kind == "decode" for k in graphs.graphs)
+        ref_model = _reference_model(path, "float32")
+        prompts = random_prompts(4, 512, 20, 200, seed=14)
+        for p, out in zip(prompts, eng.generate(prompts, SamplingParams(max_new_tokens=8))):
+            assert out.token_ids == reference_generate(ref_model, p, 8, eos)
+    finally:
+        eng.close()

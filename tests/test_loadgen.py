@@ -64,7 +64,7 @@ class ScriptedEngine:
         self.live = 0                     # requests streaming now, and the most there ever were
         self.most_live = 0
 
-    def set_mode(self, mode):
+    def set_mode(self, mode, reason=None):
         self.modes.append(mode)
         self.mode = mode
 

@@ -30,8 +30,13 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
-def test_models_lists_the_loaded_model(client):
+def test_models_lists_the_loaded_model(client, server):
     assert [m.id for m in client.models.list()] == [MODEL]
+    # `vllm bench serve` reads data[0].root as the model id and its default tokenizer
+    card = httpx.get(server.url + "/v1/models").json()["data"][0]
+    assert card["root"] and card["max_model_len"] == 4096
+    from transformers import AutoTokenizer
+    assert AutoTokenizer.from_pretrained(card["root"]).encode("Hello")
 
 
 def test_completion_fixed_length_with_usage(client):
@@ -129,8 +134,40 @@ def test_chat_accepts_text_parts_and_max_completion_tokens(client):
     (lambda c: c.completions.create(model=MODEL, prompt="x", temperature=-0.5), "temperature"),
     (lambda c: c.completions.create(model=MODEL, prompt="", max_tokens=2), "empty"),
     (lambda c: c.completions.create(model=MODEL, prompt=["x"] * 9, max_tokens=2), "over the limit"),
-    (lambda c: c.completions.create(model=MODEL, prompt="x", logprobs=2), "logprobs"),
-    (lambda c: c.completions.create(model=MODEL, prompt="x", presence_penalty=1.0), "presence_penalty"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", logprobs=21), "logprobs must be an integer in [0, 20]"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], logprobs=True,
+                                         top_logprobs=21), "top_logprobs must be an integer in [0, 20]"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                         top_logprobs=2), "top_logprobs needs logprobs: true"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", presence_penalty=2.5), "presence_penalty"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", frequency_penalty=-3), "frequency_penalty"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", extra_body={"repetition_penalty": 0}),
+     "repetition_penalty"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", echo=True), "echo"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", best_of=2), "best_of"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", suffix="!"), "suffix"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", logit_bias={"50": 10}), "logit_bias"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                         response_format={"type": "json_object"}), "response_format"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                         response_format={"type": "json_schema", "json_schema": {
+                                             "name": "x", "schema": {"type": "object"}}}), "response_format"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], tools=[
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), "tools"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                         tool_choice="required"), "tool_choice"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                         extra_body={"min_p": 0.1}), "min_p"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                         extra_body={"guided_json": {"type": "object"}}), "guided"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                         extra_body={"mirostat": 2}), "unsupported field: mirostat"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x", "name": "bob"}]),
+     "'name'"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                         stream_options={"include_usage": True}), "stream: true"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", extra_body={"max_completion_tokens": 3}),
+     "max_completion_tokens"),
     (lambda c: c.chat.completions.create(model=MODEL, messages=[]), "messages"),
     (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]), "text only"),
@@ -140,6 +177,56 @@ def test_bad_requests_are_400_in_openai_shape(client, call, reason):
         call(client)
     assert e.value.status_code == 400
     assert reason in e.value.body["message"]       # the client hands over the "error" object
+
+
+def test_what_benchmark_clients_send_is_served(server):
+    """The bodies GuideLLM and `vllm bench serve` send (notes from their source), sent as they send them: every
+    field is either served or at the value that asks for nothing, and the usage they read is there."""
+    guidellm = {"model": MODEL, "stream": True, "max_completion_tokens": 5, "ignore_eos": True, "stop": None,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "Hello there"}]}]}
+    vllm_bench = {"model": MODEL, "prompt": "Once upon a time", "repetition_penalty": 1.0, "max_tokens": 6,
+                  "logprobs": None, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        chunks = sse(h.post("/v1/chat/completions", json=guidellm))
+        # continuous usage: every chunk says how far it is; the last one has the totals
+        assert all("usage" in c for c in chunks)
+        counts = [c["usage"]["completion_tokens"] for c in chunks]
+        assert counts == sorted(counts) and counts[0] == 0 and counts[-1] == 5 and chunks[-1]["choices"] == []
+        assert len({c["usage"]["prompt_tokens"] for c in chunks}) == 1
+        chunks = sse(h.post("/v1/completions", json=vllm_bench))
+        assert chunks[-1]["usage"]["completion_tokens"] == 6 and chunks[-1]["choices"] == []
+        assert all("usage" not in c for c in chunks[:-1])
+        # what the openai client itself may pass along that changes nothing
+        r = h.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "Hi"},
+                                         {"role": "assistant", "content": "Hello", "refusal": None, "tool_calls": None},
+                                         {"role": "user", "content": "Again"}],
+            "max_tokens": 3, "ignore_eos": True, "user": "someone", "metadata": {"run": "1"}, "n": 1,
+            "presence_penalty": 0, "frequency_penalty": 0.0, "response_format": {"type": "text"}, "tools": [],
+            "tool_choice": "none", "logprobs": False, "store": False, "parallel_tool_calls": True, "seed": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 3
+
+
+def sse(response) -> list:
+    assert response.status_code == 200, response.text
+    lines = [ln[6:] for ln in response.text.splitlines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(x) for x in lines[:-1]]
+
+
+def test_several_prompts_keep_their_own_continuous_usage(server):
+    body = {"model": MODEL, "prompt": [[1500, 1501], [1600, 1601, 1602]], "max_tokens": 4, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        chunks = sse(h.post("/v1/completions", json=body))
+    per = {0: [], 1: []}
+    for c in chunks[:-1]:
+        per[c["choices"][0]["index"]].append((c["usage"]["prompt_tokens"], c["usage"]["completion_tokens"]))
+    assert {p for p, _ in per[0]} == {2} and {p for p, _ in per[1]} == {3}
+    assert per[0][-1][1] == 4 and per[1][-1][1] == 4
+    assert chunks[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
 
 
 def test_bad_stream_request_fails_before_streaming(client):

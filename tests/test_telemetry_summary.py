@@ -86,13 +86,14 @@ def run_burst(eng, n=8):
 
 def test_recordings_compare_sync_with_async():
     # realtime: recordings start and stop by the wall clock, so the steps must happen on it too. A full
-    # collection of the test process's heap (hundreds of ms after the browser tests) inside a recording would
-    # stretch its window, so the collector waits until both are made.
-    eng = SyntheticEngine(gpu=True, mode="sync", compute_us=1500, realtime=True)
-    tel = Telemetry(eng, nvml_hz=0, bandwidth_gbps=100.0)
+    # collection of the test process's heap (hundreds of ms to seconds after the browser and server tests) inside
+    # a recording would stretch its window, so the collector waits until both are made; and it runs before the
+    # engine starts its clock, which never catches up with a wall clock that ran ahead of it.
     gc.collect()
     gc.disable()
     try:
+        eng = SyntheticEngine(gpu=True, mode="sync", compute_us=1500, realtime=True)
+        tel = Telemetry(eng, nvml_hz=0, bandwidth_gbps=100.0)
         tel.start_recording("sync")
         run_burst(eng)
         a = tel.stop_recording()

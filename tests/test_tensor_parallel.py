@@ -105,6 +105,28 @@ def test_sampled_tokens_match_tp1_for_the_same_seeds(checkpoints):
     assert outs[1] == outs[2]
 
 
+def test_penalties_and_logprobs_match_tp1(checkpoints):
+    """Every rank keeps its own token counts, updated on its device from the packs rank 0 sends, and samples from the
+    same gathered logits: TP=2 penalizes, draws and scores what TP=1 does."""
+    path = checkpoints("llama")
+    prompts = matrix_prompts()
+    kinds = [dict(temperature=0.9, seed=11, presence_penalty=-1.5, frequency_penalty=0.5, logprobs=3),
+             dict(repetition_penalty=1.5, logprobs=0), dict(frequency_penalty=-2.0), dict(logprobs=5), dict()]
+    params = [SamplingParams(max_new_tokens=8, ignore_eos=True, **kw) for kw in kinds]
+    outs = {}
+    for tp in (1, 2):
+        with Engine(EngineConfig(model=path, device="cpu", dtype="float32", tensor_parallel_size=tp,
+                                 num_blocks=64)) as eng:
+            outs[tp] = eng.generate(prompts, params)
+    for one, two in zip(outs[1], outs[2]):
+        assert one.token_ids == two.token_ids
+        assert (one.logprobs is None) == (two.logprobs is None)
+        if one.logprobs is not None:
+            torch.testing.assert_close(torch.tensor(two.logprobs), torch.tensor(one.logprobs), atol=1e-4, rtol=0)
+            ids = [[[t for t, _ in top] for top in out.top_logprobs] for out in (one, two)]
+            assert ids[0] == ids[1]
+
+
 def test_the_tiny_preset_splits_whole_and_matches_tp1():
     """A small random preset is built whole on every rank and cut: the same weights as at TP=1."""
     prompts = [[5, 9, 200, 31, 7], [44, 45, 46]]

@@ -138,6 +138,7 @@ def zoom(page, a_s: float, b_s: float):
 
 def hover_lane(page, label: str, t_us: float) -> str:
     """Moves the mouse onto lane `label` at time t_us and returns the hover box's text."""
+    page.locator("#bs-gantt").scroll_into_view_if_needed()
     pos = page.evaluate("""([label, t]) => {
         const el = document.getElementById('bs-gantt'), c = document.getElementById('bs-gantt-canvas');
         const names = el.layout.yaxis.ticktext, i = names.indexOf(label), r = c.getBoundingClientRect();
@@ -156,6 +157,15 @@ def hover_lane(page, label: str, t_us: float) -> str:
 def tp2():
     with serve_with_ui("-tp", "2") as url:
         yield url
+
+
+def busy_lines(page, wanted: str) -> list[str]:
+    """The busy chart's line names once it shows `wanted` (a chart out of sight is drawn when it scrolls in, so it
+    is brought into sight first)."""
+    page.locator("#bs-c-busy").scroll_into_view_if_needed()
+    page.wait_for_function(f"(document.getElementById('bs-c-busy').data || []).some(t => t.name === {wanted!r})",
+                           timeout=T)
+    return page.evaluate("document.getElementById('bs-c-busy').data.map(t => t.name)")
 
 
 def test_live_tp2_draws_rank_1_lanes(tp2, browser):
@@ -187,7 +197,7 @@ def test_live_tp2_draws_rank_1_lanes(tp2, browser):
         assert "tensor parallel ×2" in page.text_content("#bs-legend-tp")
 
         # the busy chart: a busy line per rank, rank 1's from its own spans
-        names = page.evaluate("document.getElementById('bs-c-busy').data.map(t => t.name)")
+        names = busy_lines(page, "rank 1 busy %")
         assert "rank 0 busy %" in names and "rank 1 busy %" in names, names
         peak = page.evaluate("Math.max(0, ...document.getElementById('bs-c-busy').data"
                              ".find(t => t.name === 'rank 1 busy %').y)")
@@ -239,7 +249,7 @@ def test_live_tp1_has_no_rank_lanes(browser):
             assert page.evaluate("document.getElementById('bs-gantt').layout.height") == 318
             assert not [t for t in tags(page) if t.startswith("rank ")], tags(page)
             assert not page.is_visible("#bs-legend-tp")
-            names = page.evaluate("document.getElementById('bs-c-busy').data.map(t => t.name)")
+            names = busy_lines(page, "compute busy % (host spans)")
             assert names == ["compute busy % (host spans)", "host CPU % (no NVML)"], names
             assert not w.errors, w.errors
         finally:
@@ -306,7 +316,7 @@ def test_replay_with_rank_steps_draws_rank_1_lanes(tp_replay, browser):
         assert lane_ink(page, "GPU1 · H2D") > 0
         assert "tensor parallel ×2" in page.text_content("#bs-replay-text")
         # the busy chart: a line per rank, a line per GPU
-        names = page.evaluate("document.getElementById('bs-c-busy').data.map(t => t.name)")
+        names = busy_lines(page, "rank 1 busy %")
         assert {"rank 0 busy %", "rank 1 busy %", "GPU0 util", "GPU1 util"} <= set(names), names
         assert "NVML util" not in names, names      # the per-GPU samples are not one zig-zag line
         assert "GPU0 SM clock MHz" in names and "GPU1 SM clock MHz" not in names, names   # one clock line

@@ -9,7 +9,11 @@ import argparse
 from batchscope.engine.config import DTYPES, MODES
 
 DESCRIPTION = ("`batchscope bench`: batchscope's sync and async loops (and transformers' own continuous batching) "
-               "on one fixed workload, each set against the memory-bandwidth floor of a decode step.")
+               "on one fixed workload, each set against the memory-bandwidth floor of a decode step; or, with "
+               "--workload served, on requests arriving over time with mixed lengths.")
+WORKLOADS = ("uniform", "served")
+ARRIVALS = ("poisson", "gamma")
+SERVED_ONLY = ("rate", "arrival", "burstiness", "max_running")      # options that only a served workload takes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,9 +23,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
                    help="split the model over N GPUs (the transformers baseline is then skipped)")
+    p.add_argument("--workload", default="uniform", choices=WORKLOADS,
+                   help="uniform: every request at once, equal lengths; served: arrivals over time (--rate, "
+                        "--arrival), lengths drawn from MIN:MAX ranges")
     p.add_argument("--requests", type=positive_int, default=32)
-    p.add_argument("--prompt-tokens", type=positive_int, default=256, help="random token ids per prompt")
-    p.add_argument("--new-tokens", type=positive_int, default=512, help="generated per request, EOS ignored")
+    p.add_argument("--prompt-tokens", type=lengths, default=256,
+                   help="random token ids per prompt (served: N or MIN:MAX, drawn per request)")
+    p.add_argument("--new-tokens", type=lengths, default=512,
+                   help="generated per request, EOS ignored (served: N or MIN:MAX, drawn per request)")
+    p.add_argument("--rate", type=positive_float, default=None, help="served: mean arrivals per second")
+    p.add_argument("--arrival", default=None, choices=ARRIVALS, help="served: the arrival process (default poisson)")
+    p.add_argument("--burstiness", type=positive_float, default=None,
+                   help="served, gamma arrivals: the gaps' shape (1 is Poisson, < 1 burstier, > 1 more regular)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="served: submit without streaming (no reader thread); latencies from the engine's own "
+                        "token times in the timeline")
+    p.add_argument("--max-running", type=positive_int, default=None,
+                   help="served: requests the engine runs at once (default 64, as `batchscope serve`); the "
+                        "uniform workload runs every request at once")
     p.add_argument("--modes", type=_modes, default=list(MODES), help="comma-separated, e.g. sync,async")
     p.add_argument("--baseline", default="none", choices=["none", "transformers"],
                    help="also time transformers' continuous batching (generate_batch, async off and on)")
@@ -32,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-tokens", type=positive_int, default=None,
                    help="per-step token budget, for both systems (default: enough to prefill all prompts at "
                         "once, between 2048 and 8192)")
+    p.add_argument("--no-mixed-graphs", action="store_true",
+                   help="batchscope runs the steps that carry prefill eagerly (decode keeps its CUDA graphs)")
     p.add_argument("--num-blocks", type=positive_int, default=None,
                    help="batchscope KV blocks (default: exactly enough for the workload, plus one per request)")
     p.add_argument("--bandwidth-mib", type=positive_int, default=None,
@@ -59,6 +80,27 @@ def positive_int(text: str) -> int:
     return v
 
 
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+def lengths(text: str) -> int | tuple[int, int]:
+    """N (one length) or MIN:MAX (a range a served workload draws from, both ends included)."""
+    if ":" not in text:
+        return positive_int(text)
+    lo, _, hi = text.partition(":")
+    lo, hi = positive_int(lo), positive_int(hi)
+    if lo > hi:
+        raise argparse.ArgumentTypeError(f"MIN:MAX with MIN {lo} greater than MAX {hi}")
+    return (lo, hi)
+
+
 def _modes(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
@@ -74,4 +116,36 @@ def complete(args) -> argparse.Namespace:
         ns.modes = _modes(ns.modes)
     if ns.baseline in (None, "none"):
         ns.baseline = None
+    for name in ("prompt_tokens", "new_tokens"):     # a Namespace from elsewhere may carry "MIN:MAX" or [MIN, MAX]
+        v = getattr(ns, name)
+        setattr(ns, name, lengths(v) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v)
+    return ns
+
+
+def settle_workload(ns: argparse.Namespace) -> argparse.Namespace:
+    """Check the workload's options against each other and fill in the served defaults; ValueError (said plainly,
+    exit status 2) for a combination that cannot run. The uniform workload is left exactly as it was."""
+    if ns.workload not in WORKLOADS:
+        raise ValueError(f"--workload is one of {', '.join(WORKLOADS)}, got {ns.workload!r}")
+    if ns.workload == "uniform":
+        given = [f"--{k.replace('_', '-')}" for k in SERVED_ONLY if getattr(ns, k, None) is not None]
+        ranged = [f"--{k.replace('_', '-')}" for k in ("prompt_tokens", "new_tokens")
+                  if isinstance(getattr(ns, k), tuple)]
+        given += ["--no-stream"] if getattr(ns, "no_stream", False) else []
+        if given or ranged:
+            raise ValueError(f"{', '.join(given + [f'{r} MIN:MAX' for r in ranged])} need --workload served "
+                             "(the uniform workload submits every request at once, all of one length)")
+        return ns
+    if ns.rate is None:
+        raise ValueError("--workload served needs --rate (mean arrivals per second)")
+    if ns.no_stream and ns.no_telemetry:
+        raise ValueError("--no-stream takes its token times from the timeline: it needs telemetry (no --no-telemetry)")
+    ns.arrival = ns.arrival or "poisson"
+    if ns.burstiness is not None and ns.arrival != "gamma":
+        raise ValueError("--burstiness shapes gamma arrivals: it needs --arrival gamma")
+    ns.burstiness = ns.burstiness or 1.0
+    ns.max_running = ns.max_running or 64
+    for name in ("prompt_tokens", "new_tokens"):
+        v = getattr(ns, name)
+        setattr(ns, name, v if isinstance(v, tuple) else (v, v))
     return ns

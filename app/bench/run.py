@@ -14,6 +14,8 @@ What it does, in order (docs/BENCHMARKS.md has the method in full):
      (`--prompt-tokens` random ids each, `--new-tokens` greedy tokens with EOS ignored, so lengths are fixed);
   5. writes the JSON (`--out`) and one batchscope.timeline/1 file per run next to it, and prints a table of medians.
 
+`--workload served` (arrivals over time, lengths drawn from ranges) goes to served_run.py instead.
+
 Here: the order of work and the result. The options are in options.py, the systems it times in systems.py, the
 floor in floor.py, the printed table and the token check in report.py. Like them it imports only engine,
 telemetry, torch, transformers and tqdm, so it runs where the server's packages (gradio, fastapi, ...) are not
@@ -21,6 +23,7 @@ installed.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime as _dt
 import gc
@@ -38,8 +41,8 @@ from batchscope.engine import EngineConfig
 from batchscope.engine.config import MODES
 
 from .floor import measure_bandwidth, workload_floors
-from .options import build_parser, complete
-from .report import _digest, _median, disagreeing_runs, format_table
+from .options import build_parser, complete, settle_workload
+from .report import _digest, _median, disagreeing_runs, format_served_table, format_table
 from .systems import METRICS, TF_VARIANTS, BatchscopeRunner, TransformersRunner, nvml_window
 
 BENCH_SCHEMA = "batchscope.bench/1"
@@ -71,7 +74,10 @@ def make_prompts(requests: int, prompt_tokens: int, vocab: int, seed: int) -> li
 
 
 def run_benchmark(args) -> dict:
-    args = complete(args)
+    args = settle_workload(complete(args))
+    if args.workload == "served":       # arrivals over time, mixed lengths: served_run.py
+        from .served_run import run_served
+        return run_served(args)
     from batchscope.engine.model.loading import resolve_device
 
     device = resolve_device(args.device)
@@ -131,7 +137,8 @@ def _engine_config(args, per_request: int) -> EngineConfig:
     return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.modes[0],
                         block_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
                         max_running=args.requests, seed=args.seed,
-                        tensor_parallel_size=args.tensor_parallel_size).validate()
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        mixed_graphs=not args.no_mixed_graphs).validate()
 
 
 def _baseline_labels(tf: TransformersRunner, skipped: dict) -> list[str]:
@@ -217,17 +224,7 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
         m["speedup"] = results[slowest]["wall_s"] / m["wall_s"] if m["wall_s"] else None
         m.pop("token_ids")
     return {
-        "schema": BENCH_SCHEMA,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": _command(),
-        "args": {k: v for k, v in vars(args).items() if k != "func"},
-        "device": info["device"], "gpu_name": info.get("gpu_name"),
-        "versions": {"torch": torch.__version__, "transformers": importlib.metadata.version("transformers"),
-                     "cuda": torch.version.cuda},
-        "engine_info": info, "engine_config": dataclasses.asdict(config),
-        "transformers_config": {"num_blocks": tf.num_blocks, "max_batch_tokens": tf.max_batch_tokens,
-                                "attn_implementation": "sdpa", "use_cuda_graph": tf.cuda,
-                                "same_weights": tf.same_weights} if tf else None,
+        "schema": BENCH_SCHEMA, **_assemble_head(args, info, config, tf),
         "workload": {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
                      "new_tokens": args.new_tokens, "seed": args.seed, "ignore_eos": True, "greedy": True,
                      "warmup_tokens": min(args.warmup_tokens, args.new_tokens)},
@@ -253,6 +250,22 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
     }
 
 
+def _assemble_head(args, info, config, tf) -> dict:
+    """What every bench result starts with: when, how it was called, on what, with which settings."""
+    return {
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": _command(),
+        "args": {k: v for k, v in vars(args).items() if k != "func"},
+        "device": info["device"], "gpu_name": info.get("gpu_name"),
+        "versions": {"torch": torch.__version__, "transformers": importlib.metadata.version("transformers"),
+                     "cuda": torch.version.cuda},
+        "engine_info": info, "engine_config": dataclasses.asdict(config),
+        "transformers_config": {"num_blocks": tf.num_blocks, "max_batch_tokens": tf.max_batch_tokens,
+                                "attn_implementation": "sdpa", "use_cuda_graph": tf.cuda,
+                                "same_weights": tf.same_weights} if tf else None,
+    }
+
+
 def _command() -> str:
     """As a user would type it again, whatever path the script ran from (the CLI's own `bench` word dropped)."""
     args = sys.argv[1:]
@@ -275,20 +288,22 @@ def main(args=None) -> int:
     """Entry point for `batchscope bench` (app/cli.py passes its Namespace) and for `python -m batchscope.app.bench`."""
     if args is None or isinstance(args, (list, tuple)):
         args = build_parser().parse_args(args)
-    args = complete(args)
     try:
+        args = complete(args)
         result = run_benchmark(args)
-    except (ValueError, MemoryError) as exc:     # ConfigError is a ValueError: a bad setting, said plainly
+    except (ValueError, MemoryError, argparse.ArgumentTypeError) as exc:    # ConfigError is a ValueError too
         _say(f"error: {exc}")
         return 2
     _write_json(Path(args.out), result)
     _say(f"wrote {args.out}" + ("" if result["telemetry"] else " (no timelines: telemetry off)"))
     bad = [k for k, m in result["results"].items() if not m["lengths_ok"]]
-    print(format_table(result), flush=True)
+    print((format_served_table if result["schema"] != BENCH_SCHEMA else format_table)(result), flush=True)
     if bad:
         _say(f"outputs of {', '.join(bad)} did not have the requested lengths")
         return 1
-    differ = disagreeing_runs(result)
+    # served: arrival timing sets the batches, and in bf16 a request's tokens depend on what shares its batch,
+    # so the modes need not agree there; the table says how far they do
+    differ = disagreeing_runs(result) if result["schema"] == BENCH_SCHEMA else []
     if differ:
         _say(f"runs {', '.join(differ)} gave other tokens than the first batchscope run (tokens_digest)")
         return 3

@@ -181,7 +181,31 @@ class TransformersRunner:
         out = self.model.generate_batch(inputs=prompts, generation_config=gen, continuous_batching_config=cb,
                                         record_timestamps=True, progress_bar=self.progress)
         call_s = time.perf_counter() - t0
-        outs = list(out.values())
+        return self._metrics(label, list(out.values()), [new_tokens] * len(prompts), call_s)
+
+    def run_each(self, label: str, prompts, new_tokens: list[int]) -> dict:
+        """Every request with its own output length, all submitted at once. generate_batch gives every request
+        one max_new_tokens, so this runs its loop itself: the same context manager (warm-up, start, stop), every
+        request added at once with its own max_new_tokens, results collected as they finish."""
+        gen, cb = self._configs(label, max(new_tokens))
+        hints = _workload_hints(max(len(p) for p in prompts), max(new_tokens), len(prompts))
+        t0 = time.perf_counter()
+        with self.model.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=cb,
+                                                            block=True, timeout=5, **hints) as manager:
+            ids = [manager.add_request(p, request_id=f"req_{i}", max_new_tokens=n, record_timestamps=True)
+                   for i, (p, n) in enumerate(zip(prompts, new_tokens))]
+            done: dict = {}
+            while len(done) < sum(i is not None for i in ids):      # None: a request it refused to take
+                r = manager.get_result(timeout=1)
+                if r is None and not manager.is_running():
+                    break                            # its loop died: the missing requests show as wrong lengths
+                if r is not None and r.is_finished():
+                    done[r.request_id] = r
+        call_s = time.perf_counter() - t0
+        return self._metrics(label, [done[i] for i in ids if i in done], list(new_tokens), call_s)
+
+    def _metrics(self, label: str, outs: list, wanted: list[int], call_s: float) -> dict:
+        """One run's metrics from transformers' outputs (in request order) and the lengths each should have."""
         lengths = [len(o.generated_tokens) for o in outs]
         # the requests' own span (first created to last finished) leaves out the manager's set-up and CUDA
         # graph capture, which generate_batch redoes on every call; call_s keeps the whole call
@@ -195,8 +219,8 @@ class TransformersRunner:
         mode = "async" if TF_VARIANTS[label] else "sync"
         return {**dict.fromkeys(METRICS), "system": "transformers", "mode": mode,
                 "wall_s": wall_s, "call_s": call_s, "output_tokens": sum(lengths),
-                "expected_tokens": len(prompts) * new_tokens,
-                "lengths_ok": len(outs) == len(prompts) and all(n == new_tokens for n in lengths),
+                "expected_tokens": sum(wanted),
+                "lengths_ok": len(outs) == len(wanted) and lengths == list(wanted),
                 "errors": [str(o.error) for o in outs if o.error is not None],
                 "tokens_per_s": sum(lengths) / wall_s if wall_s > 0 else None,
                 "decode_ms_per_step": statistics.median(gaps) if gaps else None,
@@ -209,6 +233,16 @@ class TransformersRunner:
         gc.collect()
         if self.cuda:
             torch.cuda.empty_cache()
+
+
+def _workload_hints(max_prompt: int, max_new: int, requests: int) -> dict:
+    """generate_batch's sizing hints for its manager, where this transformers has them."""
+    try:
+        from transformers.generation.continuous_batching.utils import WorkloadHints
+    except ImportError:
+        return {}
+    return {"workload_hints": WorkloadHints(max_prompt_length=max_prompt, max_generated_length=max_new,
+                                            num_requests=requests)}
 
 
 def nvml_window(tel, label: str, window) -> tuple[dict, dict]:

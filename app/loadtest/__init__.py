@@ -1,5 +1,5 @@
-"""Load tests against the engine: bursts, sync-vs-async A/B comparisons and continuous loads, run on background
-threads and timed on the client side.
+"""Load tests against the engine: bursts, sync-vs-async A/B comparisons, continuous loads and sweeps, run on
+background threads and timed on the client side.
 
     specs.py     what a run asks for (BurstSpec, LoadSpec) and the caps it is checked against (Limits)
     statuses.py  what a run reports (progress, latency percentiles, throughput, mode switches seen)
@@ -9,6 +9,13 @@ threads and timed on the client side.
     runs.py      a burst, an A/B run, a continuous load while it goes on
     sender.py    how a run's requests travel to the engine and back
     manager.py   BurstManager: starts runs, admits or refuses them, keeps their results, guards the mode
+    sweep_spec.py    what a sweep asks for (SweepSpec) and the SLOs its points are judged by
+    sweep_points.py  a sweep point's figures (percentiles, SLO attainment, goodput), knees, rates meeting the SLOs
+    sweep_status.py  what a sweep reports (its points, each mode's curve, the point running now)
+    sweep.py         Sweeps: runs a sweep on the engine it holds alone, keeps the last few and foreign reports
+    sweep_export.py  a sweep as batchscope.sweep/1 JSON and as CSV
+    sweep_client.py  `batchscope sweep`: a sweep on a running server, through its routes
+    foreign.py, foreign_guidellm.py  GuideLLM and vllm bench serve reports read into the sweep's point shape
 
 Imports run down into engine and telemetry only: app/server and app/ui use this package, never the reverse.
 """

@@ -4,6 +4,8 @@ continuous loads that run until stopped (or until their bounds).
 Requests are submitted and streamed from one asyncio loop on the run's own thread, and timed there
 (plans.py draws the requests, sender.py sends and times them, metrics.py adds them up). Mode switches made through the server go through
 `BurstManager.set_mode`, which refuses them while an A/B runs: each half must run in one mode.
+A sweep (sweep.py) takes the engine for itself through `hold_engine`: while it runs nothing else starts and the
+mode is locked, as for an A/B.
 """
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ from batchscope.engine.config import SamplingParams
 
 from .metrics import RequestTiming, burst_metrics
 from .plans import PlannedRequest, plan_burst
-from .refusals import BusyError, ModeLocked
+from .refusals import BusyError, EngineTaken, ModeLocked
 from .runs import ABRun, Burst, LoadRun
 from .sender import Sender, sleep_until
 from .specs import BurstSpec, Limits, LoadSpec, Mode
+from .sweep_points import point_values
 from .statuses import ABStatus, BurstList, BurstResults, BurstStatus, LoadStatus
 
 __all__ = ["BurstManager", "ModeLocked"]
@@ -51,6 +54,7 @@ class BurstManager:
         self._abs: dict[str, ABRun] = {}
         self._loads: dict[str, LoadRun] = {}
         self._threads: list[threading.Thread] = []
+        self._holder = None             # a sweep (sweep.py) that has the engine to itself while it runs
         self._closed = False
         self.dropped = {"bursts": 0, "ab": 0, "loads": 0}
 
@@ -62,7 +66,7 @@ class BurstManager:
             self._admit(ab=False)
             self._bursts[burst.id] = burst
             self._trim(self._bursts, "bursts")
-        self._spawn(self._run_burst_thread, burst)
+        self.spawn(self._run_burst_thread, burst)
         return burst.id
 
     def start_ab(self, spec: BurstSpec) -> str:
@@ -71,7 +75,7 @@ class BurstManager:
             self._admit(ab=True)
             self._abs[ab.id] = ab
             self._trim(self._abs, "ab")
-        self._spawn(self._run_ab_thread, ab)
+        self.spawn(self._run_ab_thread, ab)
         return ab.id
 
     def start_load(self, spec: LoadSpec) -> str:
@@ -81,7 +85,7 @@ class BurstManager:
             run = LoadRun(id=_new_id("load"), spec=spec, mode=getattr(self.engine, "mode", None))
             self._loads[run.id] = run
             self._trim(self._loads, "loads")
-        self._spawn(self.sender.run_load, run)
+        self.spawn(self.sender.run_load, run)
         return run.id
 
     def stop_load(self, load_id: str) -> LoadStatus:
@@ -126,6 +130,22 @@ class BurstManager:
         with self._lock:
             return self._running_count()
 
+    def latest_values(self) -> dict[str, list[tuple[str, dict]]]:
+        """The raw latencies of the newest finished burst, A/B and continuous load (a load's are a sample of the
+        whole run), each as (series, values) pairs, for the page's CDFs."""
+        with self._lock:
+            burst = next((b for b in reversed(self._bursts.values()) if b.values and b.expect_mode is None), None)
+            ab = next((a for a in reversed(self._abs.values()) if a.state == "done"), None)
+            load = next((r for r in reversed(self._loads.values()) if r.state != "running"), None)
+        out = {}
+        if burst is not None:
+            out[f"burst {burst.id}"] = [(burst.mode or "burst", burst.values)]
+        if ab is not None:
+            out[f"A/B {ab.id}"] = [("sync", ab.sync.values), ("async", ab.async_.values)]
+        if load is not None:
+            out[f"load {load.id}"] = [(load.results.mode or "load", load.tally.values())]
+        return out
+
     def list(self) -> BurstList:
         with self._lock:
             return BurstList(bursts=[b.status() for b in self._bursts.values()],
@@ -134,6 +154,7 @@ class BurstManager:
     def status(self) -> dict:
         with self._lock:
             return {"running": self._running_count(), "kept_bursts": len(self._bursts), "kept_ab": len(self._abs),
+                    "sweep_running": getattr(self._holding(), "id", None),
                     "loads_running": sum(r.state == "running" for r in self._loads.values()),
                     "kept_loads": len(self._loads), "max_kept": self.keep, "dropped": dict(self.dropped)}
 
@@ -144,6 +165,10 @@ class BurstManager:
             return self._mode_lock()
 
     def _mode_lock(self) -> str | None:
+        holder = self._holding()
+        if holder is not None:
+            return (f"{holder.describe()} and sets the mode itself: a switch now would spoil it. The toggle comes "
+                    "back when it ends")
         ab = next((a for a in self._abs.values() if a.state == "running"), None)
         if ab is None:
             return None
@@ -176,6 +201,9 @@ class BurstManager:
         for run in loads:
             if run.state == "running":
                 run.stop("shutdown")
+        holder = self._holder
+        if holder is not None and holder.state == "running":
+            holder.stop("shutdown")
 
     def close(self, timeout: float = 10.0) -> None:
         """Cancel what runs and wait for the threads (so the engine can be closed after); `timeout` bounds the
@@ -197,9 +225,44 @@ class BurstManager:
     def _running_ab(self) -> ABRun | None:
         return next((a for a in self._abs.values() if a.state == "running"), None)
 
+    def hold_engine(self, run) -> None:
+        """Give the engine to `run` alone until its `state` leaves "running": no burst, A/B, load or other such run
+        starts meanwhile (EngineTaken), and the mode is locked. EngineTaken if any run goes on now. `run` needs
+        id, state, stop(reason) and describe() (a sentence: what runs)."""
+        with self._lock:
+            if self._closed:
+                raise BusyError("the server is shutting down")
+            busy = self._engine_user()
+            if busy:
+                raise EngineTaken(f"{busy}; a sweep needs the engine to itself: wait for it to end or stop it")
+            self._holder = run
+
+    def _holding(self):
+        h = self._holder
+        return h if h is not None and h.state == "running" else None
+
+    def _engine_user(self) -> str | None:
+        """What runs on the engine now, in words, or None."""
+        holder, ab = self._holding(), self._running_ab()
+        load = next((r for r in self._loads.values() if r.state == "running"), None)
+        n = sum(b.state == "running" for b in self._bursts.values())
+        if holder is not None:
+            return holder.describe()
+        if ab is not None:
+            return f"an A/B comparison ({ab.id}) is running"
+        if load is not None:
+            return f"continuous load {load.id} is running"
+        return f"{n} burst(s) running" if n else None
+
+    def _refuse_while_held(self) -> None:
+        holder = self._holding()
+        if holder is not None:
+            raise EngineTaken(f"{holder.describe()}; it needs the engine to itself until it ends (or is stopped)")
+
     def _admit(self, ab: bool) -> None:
         if self._closed:
             raise BusyError("the server is shutting down")
+        self._refuse_while_held()
         if self._running_ab() is not None:
             raise BusyError("an A/B comparison is running; it needs the engine to itself until it ends")
         load = next((r for r in self._loads.values() if r.state == "running"), None)
@@ -215,6 +278,7 @@ class BurstManager:
     def _admit_load(self) -> None:
         if self._closed:
             raise BusyError("the server is shutting down")
+        self._refuse_while_held()
         if self._running_ab() is not None:
             raise BusyError("an A/B comparison is running; it needs the engine to itself until it ends")
         load = next((r for r in self._loads.values() if r.state == "running"), None)
@@ -231,7 +295,8 @@ class BurstManager:
                 self.dropped[kind] += 1
                 excess -= 1
 
-    def _spawn(self, target, item) -> None:
+    def spawn(self, target, item) -> None:
+        """Run `target(item)` on a thread of its own, named for the item's id; `close` waits for it."""
         t = threading.Thread(target=target, args=(item,), name=f"batchscope-{item.id}", daemon=True)
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
         t.start()
@@ -247,10 +312,10 @@ class BurstManager:
         original = self.engine.mode
         state, error = "error", None
         try:
-            self._warm_up()
+            self.warm_up()
             for mode in ("sync", "async"):
                 ab.phase = mode
-                self.engine.set_mode(mode)
+                self.engine.set_mode(mode, reason=f"A/B {ab.id}: {mode} half")
                 burst = Burst(id=_new_id("b"), spec=ab.spec, total=ab.spec.num_requests, expect_mode=mode)
                 setattr(ab, "sync" if mode == "sync" else "async_", burst)
                 with self._lock:
@@ -264,19 +329,20 @@ class BurstManager:
             s, a = ab.sync.results, ab.async_.results
             if s.output_tokens_per_s > 0:
                 ab.speedup = a.output_tokens_per_s / s.output_tokens_per_s
+            ab.compare = self._compare_halves(ab)
             state = "done"
         except Exception as e:
             error = f"{e}"
         finally:
             ab.phase = None
             try:
-                self.engine.set_mode(original)
+                self.engine.set_mode(original, reason=f"A/B {ab.id}: back to {original}")
             except Exception:
                 pass
             # only now does the lock go: a switch made as soon as it is allowed must not be undone by ours
             ab.error, ab.state = error, state
 
-    def _warm_up(self) -> None:
+    def warm_up(self) -> None:
         """A few tokens in each mode first, so the first half of an A/B does not pay for a cold engine."""
         async def drain(handle):
             async for _delta in handle.astream():
@@ -284,10 +350,19 @@ class BurstManager:
 
         async def both_modes():
             for mode in ("sync", "async"):
-                self.engine.set_mode(mode)
+                self.engine.set_mode(mode, reason="A/B warm-up")
                 params = SamplingParams(max_new_tokens=4, ignore_eos=True)
                 await asyncio.gather(*(drain(self.engine.submit([1, 2, 3, 4], params)) for _ in range(2)))
         asyncio.run(both_modes())
+
+    def _compare_halves(self, ab) -> dict | None:
+        """Async against sync over the two halves' own steps, as the scoreboard compares them (matched decode
+        steps, warm-up left out, an interval and a verdict): telemetry's board over the window both halves
+        span."""
+        if self.telemetry is None or not (ab.sync.results.window_us and ab.async_.results.window_us):
+            return None
+        summary = self.telemetry.summary(ab.sync.results.window_us[0], ab.async_.results.window_us[1])
+        return (summary.get("board") or {}).get("compare")
 
     def _run_burst(self, burst: Burst) -> None:
         plan = plan_burst(burst.spec, self.vocab_size)
@@ -301,6 +376,7 @@ class BurstManager:
                                busy_pct=window.get("busy_pct") if window else None, telemetry=window,
                                window_us=(t0_us, t1_us) if window is not None else None)
         burst.results = results
+        burst.values = point_values(timings, seed=burst.spec.seed or 0)
         if burst.flight.cancel.is_set():
             burst.error, burst.state = "cancelled", "error"
         elif results.completed == 0:

@@ -25,6 +25,7 @@ class RequestTiming:
     prompt_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    request_id: str | None = None       # the engine's id: the request's record in the timeline
 
     @property
     def output_tokens(self) -> int:
@@ -155,6 +156,13 @@ class LoadTally:
                 "requests_per_s": len(finished) / span_s,
                 "ttft_ms_p50": percentiles([x for _, x, _ in finished if x is not None])["p50"],
                 "e2e_ms_p50": percentiles([e for *_, e in finished])["p50"]}
+
+    def values(self) -> dict:
+        """The sampled latencies of the whole run (ms), for CDFs; `n` says how many there were of each."""
+        with self._lock:
+            out: dict = {k: list(s.values) for k, s in self.samples.items()}
+            out["n"] = {k: s.seen for k, s in self.samples.items()}
+        return out
 
     def results(self, start_ns: int, end_ns: int) -> dict:
         """The whole run, shaped like a burst's results."""

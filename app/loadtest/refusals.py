@@ -2,7 +2,7 @@
 locked by an A/B run (ModeLocked), or its spec is invalid (`validation_reason` puts pydantic's errors in one line).
 
 They live here, below app/server and app/ui, because both raise or show them: the server maps them to HTTP
-statuses (app/server/errors.py: 429, 409, 400, and `validation_reason` for every body it refuses) and the page's
+statuses (app/server/errors.py: 429, 409 (ModeLocked, EngineTaken), 400, and `validation_reason` for every body it refuses) and the page's
 load-test panel says them in its own words.
 """
 from __future__ import annotations
@@ -16,7 +16,13 @@ class BusyError(ValueError):
 
 
 class ModeLocked(RuntimeError):
-    """A mode switch asked for while an A/B runs (409): it would spoil the comparison."""
+    """A mode switch asked for while an A/B or a sweep runs (409): it would spoil the comparison."""
+
+
+class EngineTaken(RuntimeError):
+    """A run that needs the engine to itself (a sweep) asked for while another run goes on, or any run asked for
+    while a sweep goes on (409): the request is fine, the moment is not, and waiting will not be enough until
+    that run ends or is stopped."""
 
 
 def validation_reason(exc: ValidationError) -> str:

@@ -58,6 +58,7 @@ class Burst:
     expect_mode: Mode | None = None
     start_ns: int = 0
     mode_changes: list[ModeChangeNote] = field(default_factory=list)
+    values: dict | None = field(default=None, repr=False)     # raw latencies once it has ended, for CDFs
 
     def stop(self) -> None:
         """Cancel from any thread: nothing more is sent, and what is in flight is cancelled in the engine."""
@@ -85,6 +86,7 @@ class ABRun:
     sync: Burst | None = None
     async_: Burst | None = None
     speedup: float | None = None
+    compare: dict | None = None         # the halves' steps compared as the scoreboard compares (figures.compare)
     error: str | None = None
     created: float = field(default_factory=time.time)
 
@@ -97,7 +99,8 @@ class ABRun:
                         async_=self.async_.results if self.async_ else None,
                         sync_burst=self.sync.id if self.sync else None,
                         async_burst=self.async_.id if self.async_ else None,
-                        speedup=self.speedup, error=self.error, requests_per_half=self.spec.num_requests,
+                        speedup=self.speedup, compare=self.compare, error=self.error,
+                        requests_per_half=self.spec.num_requests,
                         half_done=halves[-1].done if halves else 0, mode_changes=changes, valid=not changes)
 
 

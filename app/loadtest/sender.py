@@ -92,6 +92,7 @@ class Sender:
             params = SamplingParams(max_new_tokens=p.max_new_tokens, temperature=run.spec.temperature,
                                     seed=p.seed, ignore_eos=run.spec.ignore_eos)
             handle = self.engine.submit(p.prompt, params)
+            t.request_id = getattr(handle, "id", None)
             run.flight.add(handle)
             await self._follow(run, handle, t)
         except Exception as e:          # one bad request is counted, the run goes on

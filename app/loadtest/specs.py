@@ -33,6 +33,11 @@ class Limits(BaseModel):
     max_load_duration_s: float = 600.0
     max_load_requests: int = 20_000
     max_load_concurrency: int = 256     # also the most requests a "rate" load keeps in flight
+    # a sweep (POST /api/sweep): rates between its synchronous and throughput runs, the highest offered rate, and
+    # its whole length; each point is bounded like a continuous load (duration and requests above)
+    max_sweep_points: int = 16
+    max_sweep_rate: float = 1000.0
+    max_sweep_duration_s: float = 3600.0
 
 
 class RequestShape(Body):

@@ -77,6 +77,9 @@ class ABStatus(BaseModel):
     sync_burst: str | None
     async_burst: str | None
     speedup: float | None                       # async over sync output tokens/s
+    # the halves' decode steps of like batch sizes, ratios with their intervals and a verdict, n per mode
+    # (telemetry/figures.py compare: what the scoreboard would say of exactly these steps); None without telemetry
+    compare: dict[str, Any] | None = None
     error: str | None
     requests_per_half: int = 0                  # `total` counts both halves; each half sends this many
     half_done: int = 0                          # requests finished in the half running now (or the last one)

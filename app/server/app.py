@@ -1,8 +1,11 @@
 """The batchscope server: one FastAPI app on one port, put together from one router per concern.
 
     /api/...            routes/control.py (health, status, mode, generate), routes/load.py (bursts, A/B,
-                        continuous loads), routes/timeline.py (timelines, recordings, replay)
+                        continuous loads), routes/sweep.py (sweeps, their export, foreign reports),
+                        routes/timeline.py (timelines, recordings, replay), routes/profile.py (a torch.profiler
+                        window on demand)
     /v1/...             routes/openai.py: OpenAI-compatible completions and chat completions (SSE when streaming)
+    /metrics            routes/metrics.py: Prometheus' text format, vLLM's names and batchscope's
     /ws/telemetry       routes/ws.py: live steps, NVML samples, requests, mode changes and stats
     /batchscope-static/ assets/ and plotly.min.js from the installed plotly package (no network at page load)
     /                   the Gradio UI (app/ui), mounted last so that it never shadows the routes above
@@ -14,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import os
 import signal
+import sys
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -143,9 +148,25 @@ def check_bind(host: str, token: str | None) -> None:
                          "or bind 127.0.0.1")
 
 
+class CancelledAtShutdown(logging.Filter):
+    """A page left open holds long-lived streams (Gradio's event stream among them) that uvicorn cancels once its
+    graceful shutdown times out; it logs each with a full traceback. That is the expected end of those streams:
+    they go in one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, asyncio.CancelledError) and "shutdown" in str(exc):
+            print("batchscope: closed a stream a page still held open at shutdown", file=sys.stderr, flush=True)
+            return False
+        return True
+
+
 def uvicorn_config(app: FastAPI, host: str = "127.0.0.1", port: int = 7860, log_level: str = "warning"):
     import uvicorn
 
+    error_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, CancelledAtShutdown) for f in error_log.filters):
+        error_log.addFilter(CancelledAtShutdown())
     # no per-message deflate: compressing every frame for every viewer costs CPU the engine needs
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_per_message_deflate=False,
                           timeout_graceful_shutdown=3)

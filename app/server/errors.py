@@ -1,7 +1,8 @@
 """What can go wrong in a request, and how each failure becomes a 4xx or 5xx with a JSON reason:
 {"error": "..."} on /api, OpenAI's {"error": {"message": ...}} on /v1.
 
-AppState raises the ones defined here; BusyError (429) and `validation_reason` come from app/loadtest/refusals.py,
+AppState raises the ones defined here; BusyError (429), EngineTaken (409: a sweep holds the engine, or another run
+keeps a sweep from starting) and `validation_reason` come from app/loadtest/refusals.py,
 since the load tests raise and the page shows them too. The handlers below map them by type (Starlette looks a
 handler up along each exception's MRO, so the order they are added in does not matter).
 """
@@ -17,7 +18,7 @@ from starlette.requests import HTTPConnection
 from batchscope.engine.config import EngineUnavailable
 from batchscope.telemetry import TimelineError
 
-from ..loadtest.refusals import BusyError, validation_reason
+from ..loadtest.refusals import BusyError, EngineTaken, validation_reason
 
 
 class NotFoundError(KeyError):
@@ -39,8 +40,17 @@ class EngineFailure(RuntimeError):
     """A request failed inside the engine (500): not the caller's fault."""
 
 
+class Conflict(RuntimeError):
+    """The request is fine, the moment is not (409): e.g. a profiler window while another one is open."""
+
+
+class NotInThisBuild(RuntimeError):
+    """What was asked for needs a part this build does not have (501), e.g. the trace importer."""
+
+
 STATUS_BY_ERROR = {ValueError: 400, TimelineError: 400, BusyError: 429, NotFoundError: 404, NoEngineError: 409,
-                   ShuttingDownError: 503, EngineUnavailable: 503, EngineFailure: 500}
+                   EngineTaken: 409, ShuttingDownError: 503, EngineUnavailable: 503, EngineFailure: 500,
+                   Conflict: 409, NotInThisBuild: 501}
 OPENAI_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_exceeded"}
 
 

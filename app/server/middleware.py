@@ -14,6 +14,8 @@ TOKEN_COOKIE = "batchscope_token"
 # max_prompt_tokens ids each (256 x 4096 x ~7 bytes), is about 7 MiB
 MAX_BODY_BYTES = 8 << 20
 REPLAY_PATH = "/api/replay"         # takes up to MAX_REPLAY_BYTES (replay.py says why that much)
+REPORT_PATH = "/api/sweep/import"   # another tool's load-test report, with its per-request lists: as much
+LARGE_BODIES = {REPLAY_PATH: MAX_REPLAY_BYTES, REPORT_PATH: MAX_REPLAY_BYTES}    # depth-checked by their route
 DEPTH_SCAN_INLINE_BRACKETS = 1 << 16    # a body with more brackets is depth-checked off the event loop
 
 
@@ -61,10 +63,11 @@ class TokenAuth:
 
 class BodyLimit:
     """Reads /api and /v1 request bodies before any route does, and refuses with a JSON reason:
-    - 413 over the size limit (MAX_REPLAY_BYTES on /api/replay, MAX_BODY_BYTES elsewhere): at once when the
-      Content-Length says so, or, for a chunked body, as soon as the bytes read pass it (no more is read);
-    - 400 for JSON nested deeper than MAX_JSON_DEPTH (recursive parsers fail on deep nesting); /api/replay is
-      checked in its thread instead, since it may be large.
+    - 413 over the size limit (MAX_REPLAY_BYTES on /api/replay and /api/sweep/import, MAX_BODY_BYTES elsewhere):
+      at once when the Content-Length says so, or, for a chunked body, as soon as the bytes read pass it (no more
+      is read);
+    - 400 for JSON nested deeper than MAX_JSON_DEPTH (recursive parsers fail on deep nesting); the two large
+      bodies are checked in their route's thread instead.
     The route then gets the body whole, and the live channel after it (to notice a client that hangs up).
     Gradio's own routes keep Gradio's limits."""
 
@@ -76,7 +79,7 @@ class BodyLimit:
         if scope["type"] != "http" or not path.startswith(("/api/", "/v1/")):
             return await self.app(scope, receive, send)
         conn = HTTPConnection(scope)
-        limit = MAX_REPLAY_BYTES if path == REPLAY_PATH else MAX_BODY_BYTES
+        limit = LARGE_BODIES.get(path, MAX_BODY_BYTES)
 
         async def refuse(status: int, reason: str, close: bool = False) -> None:
             response = error_response(conn, status, reason)
@@ -93,7 +96,7 @@ class BodyLimit:
             return await refuse(413, over, close=True)
         if body is False:               # the client left mid-body; answering is a no-op
             return await refuse(400, "the client hung up before sending the whole body")
-        if path != REPLAY_PATH and body:
+        if path not in LARGE_BODIES and body:
             if body.count(b"[") + body.count(b"{") > DEPTH_SCAN_INLINE_BRACKETS:
                 depth = await run_in_threadpool(json_depth_over, body, MAX_JSON_DEPTH)
             else:

@@ -42,14 +42,18 @@ def chat_ids(tokenizer, messages: list[dict], limits: Limits, model_name) -> lis
 
 def sampling_params(limits: Limits, max_model_len: int | None, prompt_len: int, max_new_tokens: int | None = None,
                     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                    ignore_eos: bool = False, stop=()) -> SamplingParams:
+                    ignore_eos: bool = False, stop=(), *, logprobs: int | None = None,
+                    presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                    repetition_penalty: float = 1.0) -> SamplingParams:
     """SamplingParams checked against the limits and the model's context length."""
     if max_new_tokens is None:
         max_new_tokens = min(DEFAULT_NEW_TOKENS, limits.max_new_tokens)
     if isinstance(max_new_tokens, int) and max_new_tokens > limits.max_new_tokens:
         raise ValueError(f"max_new_tokens {max_new_tokens} is over the limit of {limits.max_new_tokens}")
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                            seed=seed, ignore_eos=ignore_eos, stop=tuple(stop or ())).validate()
+                            seed=seed, ignore_eos=ignore_eos, stop=tuple(stop or ()), logprobs=logprobs,
+                            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                            repetition_penalty=repetition_penalty).validate()
     if max_model_len and prompt_len + params.max_new_tokens > max_model_len:
         raise ValueError(f"prompt ({prompt_len} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds "
                          f"the model's context of {max_model_len} tokens")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, StrictInt
 
 from ..loadtest.specs import Body, Limits, Mode
 
@@ -37,6 +37,10 @@ class GenerateBody(Body):
 
 class RecordingBody(Body):
     name: str | None = None
+
+
+class ProfileBody(Body):
+    steps: StrictInt                    # 1 to the engine's maximum (engine/profiling.py MAX_WINDOW_STEPS)
 
 
 # ------------------------------------------------------------------------------------------------ responses
@@ -75,6 +79,7 @@ class Status(Health, EngineCounters):
     info: dict[str, Any] | None = None          # the engine's description of itself (model shapes, kernels...)
     bursts_running: int = 0
     loads_running: int = 0                      # continuous loads (POST /api/load)
+    running_load: str | None = None             # the id of the continuous load running, to stop it by
     mode_lock: str | None = None                # why POST /api/mode is refused now (an A/B runs), if it is
     bursts: dict[str, Any] | None = None        # how many bursts run and are kept
     recording: str | None = None                # the named recording running, if any
@@ -164,3 +169,23 @@ class ReplayLoaded(BaseModel):
     steps: int
     requests: int
     meta: dict[str, Any]
+    # the scoreboard of the whole recording, per mode (telemetry/figures.py board), as the page shows it
+    board: dict[str, Any] | None = None
+
+
+class ProfileStatus(BaseModel):
+    """GET /api/profile: the latest profiler window (engine/profiling.py) and, once written, where its trace is."""
+    state: Literal["idle", "pending", "running", "writing", "done", "error"]
+    id: int | None                              # counts the windows this server took
+    steps: int | None                           # steps asked for
+    max_steps: int
+    first_step: int | None                      # the steps it covers (the timeline's step numbers)
+    last_step: int | None
+    start_ms: float | None                      # what starting the profiler held the engine thread for
+    stop_ms: float | None                       # and stopping it
+    error: str | None
+    requested_at: float | None                  # unix time
+    trace_url: str | None                       # the Kineto trace (gzipped Chrome trace JSON), once done
+    trace_bytes: int | None
+    importer: bool                              # whether this build can open the trace as a timeline
+    open_url: str | None                        # POST: import the trace and load it as the replay

@@ -8,6 +8,7 @@ malformed timeline, 400); loadtest's ModeLocked (a mode switch during an A/B, 40
 """
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -20,11 +21,16 @@ from batchscope.telemetry.nvml import BUSY_NOTE
 from ..loadtest.manager import BurstManager
 from ..loadtest.specs import BurstSpec, Limits, LoadSpec, Mode
 from ..loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
+from ..loadtest.sweep import Sweeps
+from ..loadtest.sweep_spec import SLO, SweepSpec
+from ..loadtest.sweep_status import SweepList, SweepStarted, SweepStatus
 from .errors import BusyError, NoEngineError, NotFoundError, ShuttingDownError
+from .openai_logprobs import TokenStrings
+from .profiles import ProfileWindows
 from .prompts import chat_ids, prompt_ids, sampling_params
 from .replay import MAX_JSON_DEPTH, MAX_REPLAY_BYTES, accept_timeline, read_timeline_file
-from .schemas import (Health, ModeChanged, ModeLock, RecordingCaps, RecordingInfo, Recordings, RecordingStarted,
-                      RecordingStopped, ReplayLoaded, Status)
+from .schemas import (Health, ModeChanged, ModeLock, ProfileStatus, RecordingCaps, RecordingInfo, Recordings,
+                      RecordingStarted, RecordingStopped, ReplayLoaded, Status)
 
 RECORDING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 T = TypeVar("T")
@@ -45,8 +51,14 @@ class AppState:
         self._inflight_lock = threading.Lock()
         self._replay_lock = threading.Lock()
         self.bursts: BurstManager | None = None
+        self.profiles: ProfileWindows | None = None
+        self._metrics = None            # the Prometheus registry, made at the first scrape
+        self.sweeps: Sweeps | None = None
+        self._import_lock = threading.Lock()
         if engine is not None:
             self.bursts = BurstManager(engine, self.limits, self.vocab_size, telemetry=telemetry)
+            self.profiles = ProfileWindows(engine)
+            self.sweeps = Sweeps(self.bursts)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -65,10 +77,11 @@ class AppState:
         return cls(engine, telemetry, limits)
 
     @classmethod
-    def from_replay_file(cls, path: str | Path, limits: Limits | None = None) -> AppState:
-        """Replay-only: no model, the UI shows a recorded timeline. Raises TimelineError if the file is bad. A
-        local file has no size limit (that is the way to replay one over MAX_REPLAY_BYTES)."""
-        return cls(limits=limits, replay=read_timeline_file(path))
+    def from_replay_file(cls, path: str | Path, limits: Limits | None = None, progress=None) -> AppState:
+        """Replay-only: no model, the UI shows a recorded timeline, or a profiler trace imported as one
+        (`progress(bytes_done, bytes_total)` while it is read). Raises TimelineError if the file is bad. A local
+        file has no size limit (that is the way to replay one over MAX_REPLAY_BYTES)."""
+        return cls(limits=limits, replay=with_board(read_timeline_file(path, progress=progress)))
 
     def begin_shutdown(self) -> None:
         """The server is going down: refuse new work, cancel bursts and every request in flight, so that open
@@ -95,6 +108,8 @@ class AppState:
             self.telemetry.close()
         if self.engine is not None:
             self.engine.close()
+        if self.profiles is not None:
+            self.profiles.close()
 
     def _need_engine(self):
         if self.engine is None:
@@ -161,7 +176,8 @@ class AppState:
         return Status(**base, **counters,
                       dtype=info.get("dtype"), gpu_name=info.get("gpu_name") or tel.get("gpu_name"), info=info,
                       bursts_running=self.bursts.running(), bursts=self.bursts.status(), recording=self._recording,
-                      loads_running=1 if self.bursts.running_load() else 0, mode_lock=self.bursts.mode_lock(),
+                      loads_running=1 if self.bursts.running_load() else 0, running_load=self.bursts.running_load(),
+                      mode_lock=self.bursts.mode_lock(),
                       inflight=self._inflight_count(), max_inflight=self.max_inflight, telemetry=tel or None,
                       recordings=tel.get("recordings"), nvml_available=bool(tel.get("nvml")),
                       nvml_reason=tel.get("nvml_reason"), busy_note=tel.get("busy_note") or BUSY_NOTE)
@@ -186,11 +202,19 @@ class AppState:
     def encode_messages(self, messages: list[dict]) -> list[int]:
         return chat_ids(self._need_engine().tokenizer, messages, self.limits, self.model_name)
 
+    @functools.cached_property
+    def token_strings(self) -> TokenStrings:
+        """Token ids' strings and bytes for logprobs, kept for the server's life (the tokenizer does not change)."""
+        return TokenStrings(self._need_engine().tokenizer)
+
     def sampling(self, prompt_len: int, max_new_tokens: int | None = None, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, ignore_eos: bool = False,
-                 stop=()) -> SamplingParams:
+                 stop=(), *, logprobs: int | None = None, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, repetition_penalty: float = 1.0) -> SamplingParams:
         return sampling_params(self.limits, self._need_engine().info.get("max_model_len"), prompt_len,
-                               max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, stop)
+                               max_new_tokens, temperature, top_p, top_k, seed, ignore_eos, stop, logprobs=logprobs,
+                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                               repetition_penalty=repetition_penalty)
 
     @property
     def max_inflight(self) -> int:
@@ -252,6 +276,51 @@ class AppState:
             return BurstList(bursts=[], ab=[], kept=0, dropped={})
         return self.bursts.list()
 
+    # ------------------------------------------------------------------------------------------------ sweeps
+    def start_sweep(self, spec: SweepSpec) -> SweepStarted:
+        self._admit()
+        info = self.engine.info
+        meta = {"model": self.model_name, "device": info.get("device"), "dtype": info.get("dtype"),
+                "gpu": info.get("gpu_name"), "mode_before": self.engine.mode}
+        return self.sweeps.start(spec, meta)
+
+    def sweep_run(self, sweep_id: str):
+        """A sweep by id, running or kept (NotFoundError if neither): its status(), document(), values."""
+        return self._look_up(lambda _: self.sweeps.get(sweep_id))
+
+    def sweep_status(self, sweep_id: str) -> SweepStatus:
+        return self.sweep_run(sweep_id).status()
+
+    def stop_sweep(self, sweep_id: str) -> SweepStatus:
+        return self._look_up(lambda _: self.sweeps.stop(sweep_id))
+
+    def list_sweeps(self) -> SweepList:
+        return self.sweeps.list() if self.sweeps is not None else SweepList(sweeps=[], imports=[])
+
+    def import_report(self, raw, slo: SLO | None = None) -> dict:
+        """Read a GuideLLM, vllm bench serve or batchscope.sweep/1 report (loadtest/foreign.py) and keep it to
+        overlay; ReportError (400) when it is not what it claims. One at a time, like a replay upload."""
+        from ..loadtest.foreign import read_report
+
+        self._runs()
+        if not self._import_lock.acquire(blocking=False):
+            raise BusyError("another report is being read; retry when it is done")
+        try:
+            report = read_report(raw, slo or SLO())
+        finally:
+            self._import_lock.release()
+        return {**report, "id": self.sweeps.add_import(report)}
+
+    def imported_report(self, import_id: str) -> dict:
+        return self._look_up(lambda _: self.sweeps.get_import(import_id))
+
+    def running_sweep(self) -> str | None:
+        return self.sweeps.running() if self.sweeps is not None else None
+
+    def load_test_values(self) -> dict:
+        """The raw latencies of the newest burst, A/B and load (BurstManager.latest_values), for CDFs."""
+        return self.bursts.latest_values() if self.bursts is not None else {}
+
     # ------------------------------------------------------------------------------------ timelines and replay
     def timeline(self, recording: str | None = None) -> dict:
         if self.telemetry is None:
@@ -312,22 +381,86 @@ class AppState:
         return Recordings(recordings=[d.name for d in details], active=self._recording, details=details,
                           limits=RecordingCaps(**self.telemetry.status()["recordings"]))
 
+    # ------------------------------------------------------------------------------- metrics and profiling
+    def metrics(self) -> bytes:
+        """GET /metrics: the Prometheus text exposition of the live telemetry (telemetry/prometheus.py); empty on
+        a replay-only server, where nothing runs."""
+        if self.telemetry is None:
+            return b""
+        from batchscope.telemetry.prometheus import generate_latest, prometheus_registry
+
+        if self._metrics is None:
+            self._metrics = prometheus_registry(self.telemetry, self.model_name)
+        return generate_latest(self._metrics)
+
+    def start_profile(self, steps: int) -> ProfileStatus:
+        """A torch.profiler window over the engine's next `steps` steps (profiles.py): ValueError out of range,
+        Conflict while one is open."""
+        self._need_engine()
+        self._refuse_when_shutting_down()
+        return ProfileStatus(**self.profiles.start(steps))
+
+    def profile_status(self) -> ProfileStatus:
+        self._need_engine()
+        return ProfileStatus(**self.profiles.status())
+
+    def profile_trace(self) -> str:
+        """The latest window's trace file (NotFoundError until one is done)."""
+        self._need_engine()
+        path = self.profiles.trace_path()
+        if path is None:
+            raise NotFoundError("no profiler trace yet: POST /api/profile, then wait for state 'done'")
+        return path
+
+    def open_profile(self) -> ReplayLoaded:
+        """The latest trace imported as a timeline and loaded as the replay (NotInThisBuild without the importer)."""
+        self._need_engine()
+        return self.load_replay(self.profiles.import_trace())
+
     def _need_telemetry(self):
         self._need_engine()
         return self.telemetry
 
-    def load_replay(self, obj) -> ReplayLoaded:
-        """Validate a timeline and keep it for the UI's replay view (replay.py says what `obj` may be).
-        Raises telemetry.TimelineError saying where and why, BusyError while another replay is being loaded."""
+    def load_replay(self, obj, name: str | None = None) -> ReplayLoaded:
+        """Validate a timeline (or import a profiler trace as one) and keep it for the UI's replay view (replay.py
+        says what `obj` may be; `name` is what its errors call it). Raises telemetry.TimelineError saying where and
+        why, BusyError while another replay is being loaded."""
         # one at a time: each holds its text and parsed records (~5x the text) until it is done
         if not self._replay_lock.acquire(blocking=False):
             raise BusyError("another timeline is being loaded for replay; retry when it is done")
         try:
-            self.replay = accept_timeline(obj)
+            replay = accept_timeline(obj, name)
+            with_board(replay)
+            self.replay = replay
         finally:
             self._replay_lock.release()
         return ReplayLoaded(loaded=True, steps=len(self.replay.get("steps", [])),
-                            requests=len(self.replay.get("requests", [])), meta=self.replay.get("meta", {}))
+                            requests=len(self.replay.get("requests", [])), meta=self.replay.get("meta", {}),
+                            board=self.replay["summary"].get("board"))
+
+    def replay_perfetto(self) -> dict:
+        """The loaded replay as a Perfetto trace: what a replay-only server (or a page showing a replay) exports."""
+        from batchscope.telemetry import to_perfetto
+
+        if self.replay is None:
+            raise NotFoundError("no replay loaded: POST a timeline to /api/replay or start with `batchscope replay`")
+        return to_perfetto(self.replay)
+
+    def history(self, seconds: float) -> dict:
+        """The live ring's newest `seconds` (steps, requests, NVML, every mode switch), for a viewer that joins
+        late: the page's windows then hold what the server kept, not only what this viewer saw."""
+        return self._need_telemetry().history(seconds)
+
+
+def with_board(timeline: dict) -> dict:
+    """A timeline's summary with the scoreboard in it: recordings made before the board existed get it computed
+    here, once, so the page never computes figures itself."""
+    summary = timeline.setdefault("summary", {})
+    if not isinstance(summary.get("board"), dict):
+        from batchscope.telemetry.figures import board
+
+        summary["board"] = board(timeline.get("steps", []), live=False, nvml=timeline.get("nvml", []))
+    return timeline
 
 
 def rss_mb() -> float | None:

@@ -121,10 +121,13 @@ def generate_handler(state, streams: Streams):
         if not (text or "").strip():
             yield "", error_html("Type a prompt first.")
             return
+        if n_new is None or int(n_new) < 1:
+            yield "", error_html(f"max new tokens must be a whole number of at least 1, got {n_new!r}.")
+            return
         session, handle, out, finished = _session(request), None, "", False
         try:
             ids = state.encode(text, chat=bool(use_chat))
-            params = state.sampling(len(ids), int(n_new or 64), float(temp), float(p), int(k or 0),
+            params = state.sampling(len(ids), int(n_new), float(temp), float(p), int(k or 0),
                                     None if sd in (None, "") or int(sd) < 0 else int(sd), bool(no_eos))
             handle = state.submit(ids, params)
             streams.add(session, handle)

@@ -4,6 +4,8 @@ or a continuous load and follow it until it ends. The HTML they show is load_htm
 """
 from __future__ import annotations
 
+import re
+
 import time
 from dataclasses import dataclass
 
@@ -183,9 +185,18 @@ def wire_load_test(state, tab: LoadTestTab, demo: gr.Blocks) -> None:
         demo.load(follow_running, None, load_outputs, show_progress="hidden", concurrency_limit=8)
 
 
+# The spec's field names as the panel labels them, so that a refusal names what the user sees, not the API.
+FIELD_LABELS = {"max_new_tokens.0": "output tokens min", "max_new_tokens.1": "output tokens max",
+                "prompt_tokens.0": "prompt tokens min", "prompt_tokens.1": "prompt tokens max",
+                "max_new_tokens": "output tokens", "prompt_tokens": "prompt tokens", "num_requests": "requests",
+                "duration_s": "stop after (s)", "concurrency": "requests in flight", "max_requests": "requests",
+                "burstiness": "burstiness", "rate": "rate", "seed": "seed", "arrival": "arrival", "kind": "continuous load"}
+_FIELD = re.compile(r"\b(" + "|".join(re.escape(k) for k in sorted(FIELD_LABELS, key=len, reverse=True)) + r")\b")
+
+
 def refusal(kind: str, e: Exception) -> str:
     reason = validation_reason(e) if isinstance(e, ValidationError) else str(e)
-    return error_html(f"{kind} not started: {reason}")
+    return error_html(f"{kind} not started: " + _FIELD.sub(lambda m: f"“{FIELD_LABELS[m.group(1)]}”", reason))
 
 
 def follow_run(kind: str, label: str, start, status, progress, table):

@@ -2,7 +2,8 @@
 
 The server mounts it with `gr.mount_gradio_app(app, build_ui(state), path="/", head=HEAD, css=CSS, theme=THEME)`.
 Split of work:
-- Python handlers (generate_tab.py for the Generate tab, load_tab.py for the Load test tab) call AppState for
+- Python handlers (generate_tab.py for the Generate tab, load_tab.py for the Load test tab, sweep_tab.py for the
+  Sweep tab, whose charts are Plotly figures built here: sweep_figures.py) call AppState for
   what has a beginning and an end: a streamed generation, a burst, an A/B run, a continuous load. Gradio's queue
   streams their progress back. page_html.py and load_html.py render the HTML they show. Each handler's first
   update clears what the last attempt left (an old error) and marks its button busy; its last one gives the
@@ -20,6 +21,7 @@ import gradio as gr
 from .generate_tab import generate_tab, wire_generate
 from .load_tab import load_test_tab, wire_load_test
 from .page_html import header_html, replay_html, scope_html
+from .sweep_tab import sweep_tab, wire_sweep
 
 ASSETS = resources.files("batchscope.assets")
 
@@ -54,8 +56,11 @@ def build_ui(state) -> gr.Blocks:
                         gen = generate_tab(live, limits)
                     with gr.Tab("Load test"):
                         load = load_test_tab(live, limits)
+                    with gr.Tab("Sweep"):
+                        sweep = sweep_tab(live)
             with gr.Column(scale=3, min_width=640, elem_id="bs-charts"):
                 gr.HTML(scope_html(state), elem_id="bs-scope-block", js_on_load=None)
         wire_generate(state, gen)
         wire_load_test(state, load, demo)
+        wire_sweep(state, sweep, demo)
     return demo

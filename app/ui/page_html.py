@@ -10,9 +10,6 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from batchscope.telemetry.forecast import forecast_async
-from batchscope.telemetry.summary import per_mode
-
 from ..loadtest.statuses import BurstResults
 
 
@@ -25,13 +22,21 @@ WHY_CPU = ("No NVML on this device: the utilization chart shows host CPU % (psut
 # runs the browser drawing this page (a busy tab alone reads 50% and more of a small machine).
 CPU_STAT_TITLE = ("CPU used by this batchscope server (engine, telemetry and web server), in % of one core. The host "
                   "as a whole also runs this browser; its figure is in the busy chart's dashed line.")
-# Where the shipped example recording is served (assets/examples/, package data under /batchscope-static/).
-EXAMPLE_URL = "/batchscope-static/examples/h200-demo.timeline.json"
+# Where the shipped example recordings are served (assets/examples/, package data under /batchscope-static/), and
+# their index (benchmarks/ship_examples.py writes both).
+EXAMPLES_URL = "/batchscope-static/examples/"
 EXAMPLE_TEXT = "Llama-3-8B shapes on an NVIDIA H200, switched async → sync → async while it ran"
 NO_GPU_HEAD = "No GPU here, so sync and async look alike."
 NO_GPU = ("The async effect needs a device that computes while the host works: on a CPU the same cores build each "
           "step and compute it, so async has nothing to hide.")
 KEYS = "keys: S sync · A async · P presentation"
+BUSY_STAT_TITLE = ("busy %: the newest 2 s of completed steps; out tok/s: every output token of the newest 5 s (the "
+                   "scoreboard's tok/s counts decode steps only). While requests run the step in flight is not counted "
+                   "until it is done. The same records the scoreboard and the downloaded timeline hold.")
+# In presentation mode the whole demo runs from the keyboard: the hints stay on screen.
+PRESENT_KEYS = (("S", "sync"), ("A", "async"), ("L", "load on/off"), ("B", "run an A/B"), ("W", "the switch"),
+                ("P", "leave"))
+REPLAY_KEYS = (("Space", "play / pause"), ("W", "the switch"), ("P", "leave"))
 
 
 # ----------------------------------------------------------------------------------------------- small helpers
@@ -99,11 +104,13 @@ def header_html(state) -> str:
         mode_box = (f'<span id="bs-mode" class="bs-mode" data-mode="replay">replay</span>{present}'
                     f'<span id="bs-keys" class="bs-keys" title="Keyboard shortcut">keys: P presentation</span>')
     cpu = ("server CPU", "bs-st-cpu") if not b["nvml"] else ("NVML", "bs-st-nvml")
-    stats = ("".join(f'<span class="bs-stat"{title}>{label} <b id="{i}">–</b></span>' for label, i, title in (
-        ("running", "bs-st-running", ""), ("queue", "bs-st-queue", ""), ("KV", "bs-st-kv", ""),
-        ("busy (events)" if b["nvml"] else "busy (host)", "bs-st-busy", ""),
-        (*cpu, f' title="{e(CPU_STAT_TITLE)}"' if not b["nvml"] else ""),
-        ("tok/s", "bs-st-tps", ""), ("TTFT p50", "bs-st-ttft", "")))
+    # busy and tok/s come from the server (telemetry/figures.py recent): the newest 2 s of completed steps
+    busy_title = f' title="{e(BUSY_STAT_TITLE)}"'
+    stats = ("".join(f'<span class="bs-stat{cls}"{title}>{label} <b id="{i}">–</b></span>' for label, i, title, cls in (
+        ("running", "bs-st-running", "", ""), ("queue", "bs-st-queue", "", " bs-minor"), ("KV", "bs-st-kv", "", " bs-minor"),
+        ("busy (events)" if b["nvml"] else "busy (host)", "bs-st-busy", busy_title, ""),
+        (*cpu, f' title="{e(CPU_STAT_TITLE)}"' if not b["nvml"] else "", " bs-minor"),
+        ("out tok/s", "bs-st-tps", busy_title, ""), ("TTFT p50", "bs-st-ttft", "", " bs-minor")))
         if live else '<span class="bs-stat">replay of a recorded timeline: no model loaded, live controls off</span>')
     replay = getattr(state, "replay", None)
     if not live and replay:
@@ -163,18 +170,43 @@ def scope_html(state) -> str:
     nogpu = ""
     if live and not device.startswith("cuda"):
         nogpu = (f'<div id="bs-nogpu" class="bs-nogpu" role="note"><p><b>{html.escape(NO_GPU_HEAD)}</b> '
-                 f'{html.escape(NO_GPU)}</p>'
-                 f'<button id="bs-example" class="bs-example-btn" data-url="{EXAMPLE_URL}" '
-                 f'title="{html.escape(EXAMPLE_TEXT)}. It opens in these charts as a replay; back to live returns here.">'
-                 f'▶ Open the H200 example recording</button></div>')
+                 f'{html.escape(NO_GPU)}</p>{examples_html()}</div>')
+    keys = "".join(f"<span><kbd>{html.escape(k)}</kbd> {html.escape(v)}</span>"
+                   for k, v in (PRESENT_KEYS if live else REPLAY_KEYS))
     return (f'<div id="bs-stage" class="bs-stage">{nogpu}'
             f'<div id="bs-scope" class="bs-scope" data-live="{1 if live else 0}" '
             f'data-replay-name="{html.escape(str(recording.get("name") or ""))}">'
             f'<div class="bs-loading">loading charts…</div></div>'
             f'<aside id="bs-board" class="bs-board" aria-label="per-mode scoreboard"></aside>'
+            f'<aside id="bs-ab-panel" class="bs-ab-panel" aria-live="polite" hidden></aside>'
+            f'<div id="bs-present-keys" class="bs-present-keys" aria-label="keyboard shortcuts">{keys}</div>'
             f'<div id="bs-replay-loading" class="bs-replay-loading" role="status" hidden>'
             f'<span class="bs-spinner" aria-hidden="true"></span><span id="bs-replay-loading-text">'
             f'loading the recording…</span></div></div>')
+
+
+def examples() -> list[dict]:
+    """The shipped recordings (assets/examples/index.json): file, title, text."""
+    import json
+    from importlib import resources
+
+    try:
+        return json.loads((resources.files("batchscope.assets") / "examples" / "index.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return []
+
+
+def examples_html() -> str:
+    """A picker of the shipped H200 recordings and the button that opens the chosen one as a replay."""
+    e = html.escape
+    options = "".join(f'<option value="{e(EXAMPLES_URL + x["file"])}" title="{e(x.get("text", ""))}">{e(x["title"])}</option>'
+                      for x in examples())
+    if not options:
+        return ""
+    return (f'<span class="bs-examples"><select id="bs-examples" class="bs-input" aria-label="a recorded GPU run">'
+            f'{options}</select><button id="bs-example" class="bs-example-btn" title="{e(EXAMPLE_TEXT)}: and the '
+            f'others in the list open in these charts as a replay; back to live returns here.">▶ Open the recording'
+            f'</button></span>')
 
 
 def progress_html(done: int | None, total: int | None, label: str, error: str | None = None) -> str:
@@ -231,9 +263,8 @@ REPLAY_FIELDS = (("model", "meta", "model"), ("device", "meta", "device"), ("GPU
 
 
 def replay_html(state) -> str:
-    """What the side panel shows on a replay-only server: what was recorded, its summary, each mode's figures
-    side by side and the async forecast from the sync steps. Recordings made before the per-mode summary existed
-    get it computed here."""
+    """What the side panel shows on a replay-only server: what was recorded and its summary. The modes are set
+    against each other by the scoreboard beside the charts (the server's board of the recording), once."""
     replay = getattr(state, "replay", None) or {}
     parts = {"meta": replay.get("meta") or {}, "summary": replay.get("summary") or {}}
     rows = []
@@ -246,64 +277,10 @@ def replay_html(state) -> str:
         elif isinstance(v, float):
             v = f"{v:,.2f}"
         rows.append(f"<tr><th>{html.escape(label)}</th><td>{html.escape(str(v))[:80]}</td></tr>")
-    summary = parts["summary"]
-    steps = replay.get("steps") or []
-    modes = summary.get("per_mode") or per_mode(steps, replay.get("nvml") or [])
-    forecast = summary.get("async_forecast") or forecast_async(steps)
     return (f'<div class="bs-replay-info"><p>Replay of a recorded timeline. No model is loaded, so generation, '
-            f'load tests and the mode toggle are off; the charts show the recording.</p>'
-            f'{per_mode_html(modes, forecast)}'
+            f'load tests and the mode toggle are off; the charts show the recording and the scoreboard beside '
+            f'them sets its sync and async stretches against each other.</p>'
             f'<table id="bs-replay-summary" class="bs-table">{"".join(rows)}</table></div>')
-
-
-# (label, key in a mode's figures, digits, unit). Tokens/s over all steps is left out here: it moves with how
-# many prompts arrived in each stretch (prefill steps), not with the loop; decode tok/s does not.
-MODE_ROWS = (("ms/step (median)", "ms_per_step", 2, ""), ("decode tok/s", "decode_tokens_per_s", 0, ""),
-             ("GPU busy % (events)", "busy_pct", 1, "%"), ("GPU idle per step", "idle_us_per_step", 0, " µs"),
-             ("NVML util mean", "gpu_util_mean", 1, "%"), ("steps", "steps", 0, ""))
-
-
-def mode_ratio(key: str, vs, va) -> str:
-    """How async compares with sync on one figure, in words that say which way is better."""
-    if vs is None or va is None or key not in ("ms_per_step", "decode_tokens_per_s", "busy_pct", "idle_us_per_step"):
-        return ""
-    if key == "busy_pct":
-        return f"{va - vs:+.1f} pts"
-    if not vs or not va:
-        return "–"
-    if key == "ms_per_step":
-        return f"{vs / va:.2f}× {'faster' if va <= vs else 'slower'}"
-    if key == "idle_us_per_step":
-        return f"{100.0 * (va - vs) / vs:+.0f}%"
-    return f"×{va / vs:.2f}"
-
-
-def per_mode_html(modes: dict, forecast: dict | None) -> str:
-    """Sync and async figures of a recording side by side (telemetry/summary.py per_mode), the ratio (how much
-    better async did: x faster, x more tokens/s, busy points gained), and the forecast line."""
-    if not modes:
-        return ""
-    s, a = modes.get("sync") or {}, modes.get("async") or {}
-    body = []
-    for label, key, digits, unit in MODE_ROWS:
-        vs, va = s.get(key), a.get(key)
-        if vs is None and va is None:
-            continue
-        cell = lambda v: "–" if v is None else f"{number_text(v, digits)}{unit}"  # noqa: E731
-        body.append(f"<tr><th>{label}</th><td>{cell(vs)}</td><td>{cell(va)}</td>"
-                    f"<td>{mode_ratio(key, vs, va)}</td></tr>")
-    foot = ""
-    if forecast and forecast.get("applicable"):
-        f, m = forecast["forecast_ms_per_step"], forecast.get("measured_async_ms_per_step")
-        measured = (f' · measured async <b>{number_text(m["p50"], 2)}</b> ms/step '
-                    f'({forecast["forecast_error_pct"]:+.1f}%)' if m else " · no async steps recorded to check it")
-        foot = (f'<p id="bs-replay-forecast" class="bs-forecast-line">Async forecast from the sync spans: '
-                f'<b>{number_text(f["p50"], 2)}</b> ms/step (×{forecast["speedup"]:.2f}){measured}.</p>')
-    elif forecast and forecast.get("reason"):
-        foot = f'<p id="bs-replay-forecast" class="bs-forecast-line">Async forecast: {html.escape(forecast["reason"])}.</p>'
-    return (f'<table id="bs-replay-modes" class="bs-table bs-ab"><thead><tr><th>per mode</th><th class="sync">sync</th>'
-            f'<th class="async">async</th><th>async vs sync</th></tr></thead><tbody>{"".join(body)}</tbody></table>'
-            f'{foot}')
 
 
 def gen_info_html(first: float | None, elapsed: float, done: bool) -> str:

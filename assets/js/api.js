@@ -15,17 +15,19 @@ function errorText(body, res) {
   return res.status + " " + (res.statusText || "error");
 }
 
-// Every call has a timeout so that a stuck server shows an error instead of a spinner forever.
+// Every call has a timeout so that a stuck server shows an error instead of a spinner forever. A Blob (a chosen
+// file) is sent as its bytes, as it is: a gzipped trace must reach the server unchanged.
 export async function api(path, method, body, timeoutMs) {
   const headers = {};
-  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const bytes = body instanceof Blob;
+  if (body !== undefined) headers["Content-Type"] = bytes ? "application/octet-stream" : "application/json";
   if (TOKEN) headers["Authorization"] = "Bearer " + TOKEN;
   const ctl = new AbortController();
   const timer = setTimeout(() => ctl.abort(), timeoutMs || DEFAULT_TIMEOUT_MS);
   try {
     const res = await fetch(withToken(path), {
       method: method || "GET", headers, signal: ctl.signal,
-      body: body === undefined ? undefined : (typeof body === "string" ? body : JSON.stringify(body)),
+      body: body === undefined ? undefined : (typeof body === "string" || bytes ? body : JSON.stringify(body)),
     });
     let json = null;
     try { json = await res.json(); } catch (e) { /* not JSON */ }

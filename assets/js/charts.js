@@ -5,9 +5,9 @@
  * redraw scheduler can spread a picture over several turns of the event loop. The rates are re-binned to the
  * window: a fixed number of points across it, each the average over a window of at least four steps, so a
  * zoom narrower than a step still shows the local busy % and tokens/s instead of an empty chart. */
-import { dataExtent, samplesAround, state, stepRange, stepsAround, tensorParallel } from "./feed.js";
-import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, chartMargin, draw, fontPx, modeRuns, modeShapes, titled }
-  from "./plot.js";
+import { dataExtent, samplesAround, shownBoard, state, stepRange, stepsAround, tensorParallel } from "./feed.js";
+import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, chartMargin, draw, fontPx, modeRuns, modeShapes, presentHeight,
+  titled, warmupShapes } from "./plot.js";
 import { $ } from "./util.js";
 
 export const CHARTS = ["bs-c-busy", "bs-c-tps", "bs-c-batch", "bs-c-kv", "bs-c-queue", "bs-c-step"];
@@ -23,9 +23,11 @@ const LINE_BUCKETS = 300;
 // What every chart of one picture needs, computed once; the rates only when a chart asks for them.
 export function chartContext(d, lo, hi) {
   const near = stepsAround(d.steps, lo, hi, 1);
-  const shapes = bandShapes(modeRuns(near)).concat(modeShapes(d, lo, hi, false).shapes);
+  const shapes = bandShapes(modeRuns(near)).concat(modeShapes(d, lo, hi, false).shapes,
+                                                   warmupShapes(shownBoard(), lo, hi, false).shapes);
   const ctx = { d, lo, hi, near, shapes, _rates: null };
-  ctx.layout = (title, extra) => baseLayout(lo, hi, Object.assign({ height: CHART_HEIGHT, title: titled(title), shapes }, extra));
+  const height = presentHeight("chart") || CHART_HEIGHT;
+  ctx.layout = (title, extra) => baseLayout(lo, hi, Object.assign({ height, title: titled(title), shapes }, extra));
   ctx.rates = () => ctx._rates || (ctx._rates = rates(d, lo, hi));
   ctx.prepare = () => { ctx.rates(); return ctx; };
   return ctx;
@@ -59,8 +61,11 @@ function rates(d, lo, hi) {
   const [a, z] = stepRange(d.steps, lo - win, hi + win, 2);
   let [x0, x1] = dataExtent(d);
   if (state.view.source === "live" && z > a) {
-    // the step in flight is not reported yet: stop at the last one, unless the engine has been idle a while
-    x1 = Math.max(d.steps[z - 1]._e, state.store.lastT - 2 * Math.max(interval, 1e5));
+    // While requests run, the step in flight is not reported yet: the series end where the newest reported
+    // compute ended (not at the step's last host span: in async the next step computes under its update).
+    // Only an engine with nothing to run is measured up to the present (0% busy is what it is then).
+    const edge = lastComputeEnd(d.steps, z);
+    x1 = state.store.running === 0 ? Math.max(edge, state.store.lastT) : edge;
   }
   const compute = cumulativeSpans(d.steps, a, z), tokens = cumulativeTokens(d.steps, a, z);
   let hostBasis = false;
@@ -83,6 +88,13 @@ function rates(d, lo, hi) {
     out.pre.push((tokens.at(r, 1) - tokens.at(l, 1)) * per);
   }
   return out;
+}
+
+// The latest compute end among the last few steps before index z (compute spans end in step order, nearly).
+function lastComputeEnd(steps, z) {
+  let end = -Infinity;
+  for (let i = Math.max(0, z - 8); i < z; i++) if (steps[i]._cs && steps[i]._cs[1] > end) end = steps[i]._cs[1];
+  return isFinite(end) ? end : steps[z - 1]._e;
 }
 
 // Index of the first of n sorted values greater than t.
@@ -165,7 +177,7 @@ function drawBusy(el, ctx) {
   // a line per rank and per GPU: the legend takes more rows (about two entries a row on a narrow chart), and
   // the chart grows by them instead of squeezing its plot
   const extraRows = Math.max(0, Math.ceil(traces.length / 2) - 2);
-  const grow = extraRows ? { height: CHART_HEIGHT + LEGEND_ROW_PX * extraRows } : {};
+  const grow = extraRows ? { height: (presentHeight("chart") || CHART_HEIGHT) + LEGEND_ROW_PX * extraRows } : {};
   const right = clock.x.length ? {
     // the top clock at two thirds of the height: under the busy lines at 100%, with room to show a drop
     yaxis2: { overlaying: "y", side: "right", range: [0, 1.5 * Math.max(...clock.y)], showgrid: false, zeroline: false,
@@ -196,12 +208,24 @@ function smClock(samples) {
   return out;
 }
 
+// Generated tokens/s on the left axis, prefill tokens/s on its own right axis: a prefill burst is a hundred times
+// the decode rate, and on one axis it would flatten the line the two loops differ on.
 function drawThroughput(el, ctx) {
   const r = ctx.rates();
   draw(el, [
     line("generated tok/s", { x: r.x, y: r.tok }, COLOR.async, { fill: "tozeroy", fillcolor: "rgba(37,99,235,0.10)", hovertemplate: "%{y:.0f}" }),
-    line("prefill tok/s", { x: r.x, y: r.pre }, COLOR.fill, { hovertemplate: "%{y:.0f}" }),
-  ], ctx.layout(`Throughput (tokens/s) · per ${duration(r.win)}`));
+    line("prefill tok/s (right axis)", { x: r.x, y: r.pre }, COLOR.fill, { yaxis: "y2", hovertemplate: "%{y:.0f}" }),
+  ], ctx.layout(`Throughput (tokens/s) · per ${duration(r.win)}`, secondAxis(PREFILL_INK)));
+}
+
+// The prefill series' text shade: the chart pink as text reads 3.5:1 on white, this one 6:1 (WCAG AA).
+const PREFILL_INK = "#be185d";
+
+// A right-hand y axis for a series of another scale, its labels in that series' text shade.
+function secondAxis(color) {
+  return { yaxis2: { overlaying: "y", side: "right", rangemode: "tozero", showgrid: false, zeroline: false,
+                     tickfont: { size: fontPx(9), color }, fixedrange: true },
+           margin: chartMargin(Math.round(4.5 * fontPx(9))) };
 }
 
 // NVML utilization, or host CPU % where the samples carry no GPU utilization. Samples of a multi-GPU engine
@@ -229,16 +253,17 @@ function utilization(samples) {
   return { nv, nvKey, perGpu };
 }
 
-// Batch: tokens per step split prefill / decode (stacked), and the batch size.
+// Batch: decode tokens per step and the batch size on the left, prefill tokens per step on the right axis (a
+// chunk of hundreds of prompt tokens would flatten the decode rows on one axis).
 function drawBatch(el, ctx) {
   const dec = perStep(ctx, s => s.decode_tokens || 0);
-  const pf = perStep(ctx, s => (s.decode_tokens || 0) + (s.prefill_tokens || 0));
+  const pf = perStep(ctx, s => s.prefill_tokens || 0);
   const bs = perStep(ctx, s => s.num_requests);
   draw(el, [
     line("decode tok/step", dec, COLOR.update, { fill: "tozeroy", fillcolor: "rgba(20,184,166,0.25)", line: { color: COLOR.update, width: 1, shape: "hv" } }),
-    line("+ prefill tok/step", pf, COLOR.fill, { fill: "tonexty", fillcolor: "rgba(236,72,153,0.18)", line: { color: COLOR.fill, width: 1, shape: "hv" } }),
     line("batch size", bs, "#0f172a", { line: { color: "#0f172a", width: 1.4, dash: "dot", shape: "hv" } }),
-  ], ctx.layout("Batch: tokens per step, prefill vs decode"));
+    line("prefill tok/step (right axis)", pf, COLOR.fill, { yaxis: "y2", line: { color: COLOR.fill, width: 1, shape: "hv" } }),
+  ], ctx.layout("Batch: tokens per step, prefill vs decode", secondAxis(PREFILL_INK)));
 }
 
 function drawKv(el, ctx) {
@@ -274,21 +299,41 @@ function drawStepInterval(el, ctx) {
 // One point per step in the window and its neighbours (so a window inside one step still shows that step's
 // value); past MAX_LINE_POINTS, one point per bucket (mean, or max for spiky series). fn is called on every
 // step in order, so it may keep state (the step interval does).
+// A stretch with no step (the engine idle, or a gap in a recording) breaks the per-step lines: a value is the
+// state at a step, and nothing says it held while no step ran.
+const GAP_US = 1e6;
+
 function perStep(ctx, fn, agg) {
   const { near: steps, lo, hi } = ctx;
   const x = [], y = [];
   if (steps.length <= MAX_LINE_POINTS) {
-    for (const s of steps) { const v = fn(s); if (v !== null && v !== undefined) { x.push(s._s / 1e6); y.push(v); } }
+    let prevEnd = null;
+    for (const s of steps) {
+      const v = fn(s);
+      if (prevEnd !== null && s._s - prevEnd > GAP_US) { x.push(null); y.push(null); }
+      prevEnd = s._e;
+      if (v !== null && v !== undefined) { x.push(s._s / 1e6); y.push(v); }
+    }
     return { x, y };
   }
   const n = LINE_BUCKETS, w = (hi - lo) / n, sum = new Float64Array(n), cnt = new Uint32Array(n), mx = new Float64Array(n).fill(-Infinity);
+  const seen = new Uint8Array(n);
   for (const s of steps) {
+    const i = Math.min(n - 1, Math.max(0, Math.floor((s._s - lo) / w)));
+    seen[i] = 1;
     const v = fn(s);
     if (v === null || v === undefined) continue;
-    const i = Math.min(n - 1, Math.max(0, Math.floor((s._s - lo) / w)));
     sum[i] += v; cnt[i]++; if (v > mx[i]) mx[i] = v;
   }
-  for (let i = 0; i < n; i++) if (cnt[i]) { x.push((lo + (i + 0.5) * w) / 1e6); y.push(agg === "max" ? mx[i] : sum[i] / cnt[i]); }
+  // a run of buckets wider than GAP_US without a step breaks the line there
+  const gapBuckets = Math.max(1, Math.ceil(GAP_US / w));
+  let empty = 0;
+  for (let i = 0; i < n; i++) {
+    if (!seen[i]) { empty++; continue; }
+    if (empty >= gapBuckets && x.length) { x.push(null); y.push(null); }
+    empty = 0;
+    if (cnt[i]) { x.push((lo + (i + 0.5) * w) / 1e6); y.push(agg === "max" ? mx[i] : sum[i] / cnt[i]); }
+  }
   return { x, y };
 }
 

@@ -4,9 +4,15 @@ import { api, withToken } from "./api.js";
 import { followLive, normalise, replayRange, state, tensorParallel } from "./feed.js";
 import { setConn } from "./header.js";
 import { $, note, setText } from "./util.js";
+import { mountProfile } from "./profile.js";
 
 // Controls that need an engine; a replay-only server disables them.
-const LIVE_ONLY = ["bs-rec", "bs-rec-name", "bs-rec-list", "bs-dl-json", "bs-dl-trace", "bs-pause"];
+const LIVE_ONLY = ["bs-rec", "bs-rec-name", "bs-rec-list", "bs-pause"];
+// What the download buttons save: the live recording, or the replay on screen (the server holds the same copy).
+const DOWNLOADS = {
+  live: { json: "/api/timeline.json?download=true", trace: "/api/trace.json?download=true", name: "batchscope-timeline" },
+  replay: { json: "/api/replay.json?download=true", trace: "/api/replay/trace.json?download=true", name: "batchscope-replay" },
+};
 
 function scopeHtml() {
   return `
@@ -25,12 +31,12 @@ function scopeHtml() {
       </span>
       <span class="bs-group" id="bs-rec-group">
         <input id="bs-rec-name" class="bs-input" placeholder="recording name" size="14">
-        <button id="bs-rec" class="bs-btn" title="Start a named recording">● record</button>
-        <select id="bs-rec-list" class="bs-input" title="Download a named recording"><option value="">recordings…</option></select>
+        <button id="bs-rec" class="bs-btn" title="Start a named recording (kept in this server's memory until it stops: download it to keep it)">● record</button>
+        <select id="bs-rec-list" class="bs-input" title="Download a named recording. Recordings live in this server's memory: they are gone when it stops."><option value="">recordings…</option></select>
       </span>
       <span class="bs-group">
-        <button id="bs-load" class="bs-btn" title="Load a downloaded timeline JSON and view it here">⤒ load replay</button>
-        <input id="bs-file" type="file" accept=".json,application/json" hidden>
+        <button id="bs-load" class="bs-btn" title="Load a downloaded timeline JSON, or a profiler trace (torch.profiler, vLLM, SGLang; .json or .json.gz), and view it here">⤒ load replay</button>
+        <input id="bs-file" type="file" accept=".json,.gz,application/json,application/gzip" hidden>
       </span>
       <span id="bs-msg" class="bs-msg" role="status"></span>
     </div>
@@ -71,6 +77,7 @@ export function buildScope(el) {
   $("bs-load").onclick = () => $("bs-file").click();
   $("bs-file").onchange = ev => { const f = ev.target.files[0]; ev.target.value = ""; if (f) loadReplayFile(f); };
   $("bs-back-live").onclick = backToLive;
+  mountProfile($("bs-rec-group"), showReplay);     // the profiler window's controls, beside the recording's
   if (!state.live) disableLiveOnly();
   syncControls();
 }
@@ -79,9 +86,6 @@ function disableLiveOnly() {
   for (const id of LIVE_ONLY) {
     const x = $(id); if (x) { x.setAttribute("disabled", ""); x.classList.add("disabled"); }
   }
-  // the file being replayed is what there is to download
-  $("bs-dl-json").href = withToken("/api/replay.json");
-  $("bs-dl-json").classList.remove("disabled"); $("bs-dl-json").removeAttribute("disabled");
   $("bs-back-live").hidden = true;
   $("bs-rec-group").hidden = true;       // nothing to record without an engine
 }
@@ -94,8 +98,18 @@ export function syncControls() {
     p.classList.toggle("paused", !view.follow);
     p.hidden = view.source !== "live";
   }
-  const want = view.span === Infinity ? "all" : String(view.span / 1e6);
+  // a zoom (a drag on a chart, the switch view) shows no window width: no button stays lit
+  const want = view.zoomed ? "" : view.span === Infinity ? "all" : String(view.span / 1e6);
   for (const b of document.querySelectorAll("#bs-window button")) b.classList.toggle("active", b.dataset.span === want);
+  const dl = DOWNLOADS[view.source === "replay" ? "replay" : "live"];
+  for (const [id, key, ext] of [["bs-dl-json", "json", ".json"], ["bs-dl-trace", "trace", ".trace.json"]]) {
+    const a = $(id);
+    if (!a) continue;
+    const href = withToken(dl[key]);
+    if (a.getAttribute("href") !== href) { a.setAttribute("href", href); a.setAttribute("download", dl.name + ext); }
+    a.title = (view.source === "replay" ? "The replay on screen" : "The live recording so far") +
+      (key === "json" ? ": batchscope.timeline/1 JSON" : ": Chrome Trace Event format, open in ui.perfetto.dev");
+  }
   const bar = $("bs-replay-bar");
   if (bar) bar.hidden = view.source !== "replay";
   if (state.root) state.root.dataset.source = view.source;
@@ -141,7 +155,7 @@ export async function refreshRecordings() {
     const options = res.details.map(rec => [rec.name, "⤓ " + rec.name + " · " + rec.steps + " steps"]);
     const key = JSON.stringify(options);
     if (sel.dataset.shown !== key) {        // polled every 10 s: rebuilt only when the list changed
-      sel.innerHTML = `<option value="">recordings (${res.details.length})…</option>`;
+      sel.innerHTML = `<option value="">recordings (${res.details.length}, until the server stops)…</option>`;
       for (const [name, text] of options) {
         const o = document.createElement("option");
         o.value = name;
@@ -160,7 +174,43 @@ export async function refreshRecordings() {
 
 // ---------------------------------------------------------------- replay
 
+// A profiler trace (Chrome-trace JSON, gzipped or not) and a gzipped timeline go to the server as they are: it
+// tells a trace from a timeline by the content, as here (app/server/replay.py), and imports the trace. A plain
+// timeline is checked here first, so that a wrong file fails with a reason before it is sent.
+const SNIFF_BYTES = 1 << 20;
+const IMPORT_TIMEOUT_MS = 600000;          // a large trace takes the server minutes to import
+
+async function forTheServer(file) {
+  const head = new Uint8Array(await file.slice(0, SNIFF_BYTES).arrayBuffer());
+  if (head[0] === 0x1f && head[1] === 0x8b) return true;      // gzip: the server unpacks it
+  const text = new TextDecoder().decode(head);
+  if (/^\s*\[\s*\{/.test(text)) return true;                  // a bare array of trace events
+  return !/"schema"\s*:\s*"batchscope\.timeline\//.test(text) && text.includes('"traceEvents"');
+}
+
+async function loadOnTheServer(file) {
+  note("importing " + file.name + " on the server…", false);
+  try {
+    await api("/api/replay?name=" + encodeURIComponent(file.name), "POST", file, IMPORT_TIMEOUT_MS);
+  } catch (e) {
+    note("replay rejected: " + e.message, true);
+    return;
+  }
+  let shown;
+  try { shown = await api("/api/replay.json", "GET", undefined, 60000); } catch (e) {
+    note("cannot fetch the imported replay: " + e.message, true);
+    return;
+  }
+  showReplay(shown, file.name);               // the server's copy: the timeline it made, with its board
+}
+
 async function loadReplayFile(file) {
+  try {
+    if (await forTheServer(file)) return loadOnTheServer(file);
+  } catch (e) {
+    note("cannot replay " + file.name + ": " + e.message, true);
+    return;
+  }
   let text, obj;
   try {
     text = await file.text();
@@ -179,7 +229,7 @@ async function loadReplayFile(file) {
   }
   let shown = obj;
   try { shown = await api("/api/replay.json", "GET", undefined, 60000) || obj; } catch (e) { /* use the local copy */ }
-  showReplay(shown, file.name);
+  showReplay(shown, file.name);               // the server's copy carries the board it computed
 }
 
 // meta.model, meta.device and meta.gpu: batchscope.timeline/1 (docs/timeline.md)
@@ -190,12 +240,15 @@ function replayTitle(tl, name) {
     ` · ${tl.steps.length} steps · ${tl.requests.length} requests · ${tl.mode_changes.length} mode switches`;
 }
 
-export function showReplay(obj, name) {
+export function showReplay(obj, name, board) {
   let tl;
   try { tl = normalise(obj); } catch (e) { note("cannot replay: " + e.message, true); return; }
   const view = state.view;
   view.source = "replay";
   view.replay = tl;
+  // the scoreboard of the whole recording: the server's (POST /api/replay answers it; its copy carries it)
+  view.replayBoard = board || (tl.summary && tl.summary.board) || null;
+  state.boardGen++;
   view.replayName = name || "timeline";
   view.follow = false;
   view.span = Infinity;

@@ -8,7 +8,7 @@
  * plans them and owns telemetry); the other ranks' GPU spans come as "rank step" records, kept per rank in
  * `rankSteps` (rank -> records ordered by step), each array bounded like `steps`.
  */
-import { socket } from "./api.js";
+import { api, socket } from "./api.js";
 import { fmt, setText } from "./util.js";
 
 const KEEP_US = 180e6;                      // live history kept in the browser (the server keeps the recording)
@@ -19,8 +19,10 @@ const LATENCY_WINDOW_US = 10e6;             // the header's TTFT covers first to
 
 function emptyStore() {
   // requests: id -> the request's latest record, oldest first (a Map keeps insertion order)
+  // running: the engine's requests in flight at the last "stats" (null before one): while any run, the live edge
+  // is the newest completed step, not the server's clock (the step in flight is not reported yet)
   return { steps: [], nvml: [], requests: new Map(), mode_changes: [], meta: {}, lastStep: -1, lastT: 0, lastTAt: 0,
-           rankSteps: {}, gpus: 1 };
+           rankSteps: {}, gpus: 1, running: null, history: null };
 }
 
 const redrawFlags = { dirty: true, wake: () => {} };
@@ -35,15 +37,19 @@ export const state = {
     source: "live",                         // "live" | "replay"
     replay: null,                           // a normalised timeline when source is "replay"
     replayName: "",
+    replayBoard: null,                      // the replay's scoreboard, as the server computed it
     follow: true,                           // live: the window slides with the newest data
     span: LIVE_SPAN_US,                     // window width, µs (Infinity = everything)
     range: null,                            // [lo, hi] µs when not following
     paused: false,                          // live: frozen by the Pause button (a zoom freezes without pausing)
+    zoomed: false,                          // a drag on a chart or the switch view set the range, not a window button
   },
   root: null,                               // #bs-scope
   live: true,                               // false on a replay-only server (no engine)
   mode: null,                               // the engine's mode, as last heard
   recording: null,                          // the name of the recording running, if any
+  board: null,                              // the server's live scoreboard (telemetry/figures.py board)
+  boardGen: 0,                              // bumped when a board arrives (live) or a replay's is shown
   // Setting `dirty` asks for a new picture at once (redraw.js wakes on it): user actions set it.
   get dirty() { return redrawFlags.dirty; },
   set dirty(v) { redrawFlags.dirty = !!v; if (v) redrawFlags.wake(); },
@@ -291,7 +297,39 @@ function addModeChange(m) {
   if (!m || typeof m.t_us !== "number") return;
   const changes = state.store.mode_changes;
   const dup = changes.some(x => x.t_us === m.t_us && x.to === m.to);
-  if (!dup) changes.push({ t_us: m.t_us, step: m.step, from: m.from, to: m.to });
+  if (!dup) changes.push({ t_us: m.t_us, step: m.step, from: m.from, to: m.to, reason: m.reason });
+  if (dup === false && changes.length > 1 && m.t_us < changes[changes.length - 2].t_us) changes.sort((a, b) => a.t_us - b.t_us);
+}
+
+// What the server kept from before this viewer joined (GET /api/history): older records go in front of the
+// store's, those it has already are skipped, so the windows hold what the server kept, not only what this tab saw.
+function addHistory(h) {
+  const store = state.store;
+  const first = store.steps.length ? store.steps[0].step : Infinity;
+  const older = (h.steps || []).filter(r => r && typeof r.step === "number" && r.step < first).map(prep);
+  if (older.length) {
+    older.sort((a, b) => a.step - b.step);
+    store.steps = older.concat(store.steps);
+    if (store.lastStep < older[older.length - 1].step) store.lastStep = older[older.length - 1].step;
+  }
+  const t0 = store.nvml.length ? store.nvml[0].t_us : Infinity;
+  const nv = (h.nvml || []).filter(s => s && s.t_us < t0);
+  if (nv.length) store.nvml = nv.concat(store.nvml);
+  for (const c of h.mode_changes || []) addModeChange(c);
+  const known = store.requests;
+  const add = (h.requests || []).filter(r => r && typeof r.id === "string" && !known.has(r.id));
+  if (add.length) store.requests = new Map([...add.map(r => [r.id, r]), ...known]);
+  addRankRecords(store.rankSteps, h.rank_steps);
+  store.history = { since_us: h.since_us, kept: h.kept };
+  trim();
+}
+
+// After (re)connecting: ask once for what the server kept before, and merge it.
+async function fetchHistory() {
+  try {
+    addHistory(await api("/api/history?seconds=" + KEEP_US / 1e6, "GET", undefined, 30000));
+    state.stepGen++; state.gen++; state.dirty = true;
+  } catch (e) { /* the live stream alone still draws */ }
 }
 
 // Bounded history: cut in chunks so that a long session does not shift arrays on every message.
@@ -342,10 +380,13 @@ export function handle(m, header) {
       header.showStatus(m);
       header.showRequests(recentLatency());
       if (m.mode) header.setMode(m.mode);
+      if (m.board) { state.board = m.board; state.boardGen++; }
       state.stepGen++; state.gen++;
       state.dirty = true;                   // a fresh store: draw it now
+      fetchHistory();
       break;
     }
+    case "board": state.board = m; state.boardGen++; break;
     case "steps": addSteps(m.steps); state.stepGen++; state.gen++; redrawFlags.wake(); break;
     // the other ranks' spans of steps already drawn: step data too (the last ones come after the last step)
     case "rank_steps": if (addRankSteps(m.rank_steps)) { state.stepGen++; state.gen++; redrawFlags.wake(); } break;
@@ -359,6 +400,7 @@ export function handle(m, header) {
       break;
     case "stats":
       if (typeof m.t_us === "number") seen(m.t_us);
+      if (typeof m.running === "number") store.running = m.running;
       header.showStats(m);
       header.showRequests(recentLatency());      // a few times a second: the window slides on
       break;
@@ -384,6 +426,11 @@ export function handle(m, header) {
 }
 
 // ---------------------------------------------------------------- what to draw
+
+// The scoreboard of what is on screen: the live one, or the replay's (controls.js keeps it with the replay).
+export function shownBoard() {
+  return state.view.source === "replay" ? state.view.replayBoard : state.board;
+}
 
 export function currentData() {
   const { view, store } = state;
@@ -480,5 +527,7 @@ export function replayRange() {
 
 // Back to the live window as a fresh page starts it.
 export function followLive() {
-  Object.assign(state.view, { source: "live", replay: null, follow: true, range: null, span: LIVE_SPAN_US, paused: false });
+  Object.assign(state.view, { source: "live", replay: null, replayBoard: null, follow: true, range: null, span: LIVE_SPAN_US,
+                              paused: false, zoomed: false });
+  state.boardGen++;
 }

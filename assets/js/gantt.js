@@ -7,12 +7,12 @@
  * switch markers and zoom, while the canvas paints any number of spans in a few milliseconds. The ink is
  * each span's share of every pixel column (ink.js), so a lane's ink matches its share of time at every zoom.
  * Hover is ours too (gantt_hover.js): a Plotly marker per step cost more than the rest of the picture. */
-import { allreduceEstimate, findStep, state, stepRows, stepsIn, tensorParallel } from "./feed.js";
+import { allreduceEstimate, findStep, shownBoard, state, stepRows, stepsIn, tensorParallel } from "./feed.js";
 import { bindHover } from "./gantt_hover.js";
 import { addSpan, coverage, paintInk, rgb } from "./ink.js";
 import { causeHint, causeLabel } from "./names.js";
 import { COLOR, GPU, HOST, LANES, NO_WORK, baseLayout, causeColor, draw, fontPx, ganttLanes, modeRuns, modeShapes,
-  moveRange, rankLaneKey, textScale } from "./plot.js";
+  moveRange, presentHeight, rankLaneKey, textScale, warmupShapes } from "./plot.js";
 import { $, esc } from "./util.js";
 
 export const GANTT_HEIGHT = 318;           // with the ten lanes of one rank
@@ -54,14 +54,19 @@ export function showGantt(g) {
   sizeCanvas(geo);
   paintInk(geo.canvas, g.washes, g.lanes);
   setCauseLegend(g.causes);
+  setInsideLegend(g.ink.inside);
   setRankLegend(tp, steps);
-  const ms = modeShapes(d, lo, hi, true, (hi - lo) / geo.w);
-  const annotations = ms.annotations.concat(placeholderNote(steps, g.gpuSeen, g.hostCompute, spec), rankTags(spec));
+  const usPerPx = (hi - lo) / geo.w;
+  const ms = modeShapes(d, lo, hi, true, usPerPx);
+  const wu = warmupShapes(shownBoard(), lo, hi, true);
+  const annotations = ms.annotations.concat(wu.annotations, gapLabels(steps, usPerPx, spec),
+                                            placeholderNote(steps, g.gpuSeen, g.hostCompute, spec), rankTags(spec));
+  const shapes = ms.shapes.concat(wu.shapes);
   // the markers and notes, apart from the window itself: when only the window moved, move the axis
-  const key = [el.clientWidth, geo.margin.l, geo.height, spec.lanes.map(l => l.label).join(), ms.shapes.map(s => s.path).join(),
+  const key = [el.clientWidth, geo.margin.l, geo.height, spec.lanes.map(l => l.label).join(), shapes.map(s => s.path).join(),
                JSON.stringify(annotations.map(a => [a.x, a.text]))].join(";");
   if (key !== last.layoutKey || !el.layout) {
-    draw(el, [], ganttLayout(lo, hi, ms.shapes, annotations, geo, spec));
+    draw(el, [], ganttLayout(lo, hi, shapes, annotations, geo, spec));
     last.layoutKey = key;
   } else {
     const r = el.layout.xaxis.range;
@@ -80,8 +85,8 @@ export function showGantt(g) {
 // (wider in presentation mode, where the text is larger).
 function canvasGeometry(el, spec) {
   const k = textScale(), dpr = window.devicePixelRatio || 1;
-  const n = spec.lanes.length, height = GANTT_HEIGHT + Math.max(0, n - LANES.length) * LANE_PX;
-  const m = { l: Math.round(118 * k), r: 12, t: 24, b: Math.round(26 * k) };
+  const n = spec.lanes.length, height = presentHeight("gantt") || GANTT_HEIGHT + Math.max(0, n - LANES.length) * LANE_PX;
+  const m = { l: Math.round(118 * k), r: 12, t: Math.round(24 * k), b: Math.round(26 * k) };
   const w = Math.max(10, el.clientWidth - m.l - m.r), h = height - m.t - m.b;
   const cols = Math.round(w * dpr), rows = Math.round(h * dpr);
   // the GPU lanes (rank 0's and any other rank's, all below it) sit on a band
@@ -104,7 +109,8 @@ function sizeCanvas(geo) {
 function inkContext(steps, lo, usPerCol, geo, tp) {
   const cov = {};
   const add = (name, a, b) => addSpan(cov[name] || (cov[name] = coverage(geo.cols)), a, b, lo, usPerCol);
-  const ink = { cov, add, steps, gpuSeen: false, hostCompute: false, stripes: 0, causes: new Set() };
+  const ink = { cov, add, steps, gpuSeen: false, hostCompute: false, stripes: 0, causes: new Set(),
+                inside: { us: 0, byCause: {} } };
   // Under tensor parallelism a compute bar wide enough to show it ends in its estimated all-reduce time (the
   // bar's ink is split, not added to: the lane's ink still matches the compute time). Narrower bars do not:
   // an estimate drawn as a share of every pixel would look measured.
@@ -145,6 +151,12 @@ function rank0Ink(ink, steps) {
       causes.add(cause);
       add("idle: " + cause, s._c - gap, s._c);
       if (!NO_WORK.has(cause)) add("gap", s._c - gap, s._c);   // no work at all is not the host's fault
+    }
+    // idle inside the step's compute span (imported traces): totals only, no positions to draw
+    if (s.gpu_idle_inside_us > 0) {
+      ink.inside.us += s.gpu_idle_inside_us;
+      const by = ink.inside.byCause;
+      for (const [c, us] of Object.entries(s.idle_inside_by_cause_us || {})) by[c] = (by[c] || 0) + us;
     }
   }
   for (const r of modeRuns(steps)) add(r.mode, r.lo, r.hi);
@@ -189,6 +201,25 @@ function ganttLayers(ink, geo, tp, spec) {
   const counts = {};
   for (const k in cov) counts[k] = cov[k].spans;
   return { lanes, washes, counts, causes: sortedCauses, gpuSeen: ink.gpuSeen, hostCompute, stripes: ink.stripes };
+}
+
+// Zoomed to a few steps (the switch view, key W), each GPU idle gap wide enough to hold it says how long it was
+// and what share of its step's period it took, on the idle lane: the seesaw, read off the picture.
+const GAP_LABEL_STEPS = 24;
+
+function gapLabels(steps, usPerPx, spec) {
+  if (!steps.length || steps.length > GAP_LABEL_STEPS) return [];
+  const px = fontPx(10), out = [];
+  for (let i = 1; i < steps.length; i++) {
+    const s = steps[i], p = steps[i - 1], gap = s.gpu_idle_before_us;
+    if (!s._cs || !p._cs || gap === null || gap === undefined || NO_WORK.has(s.idle_cause)) continue;
+    const text = (gap >= 1000 ? (gap / 1000).toFixed(gap >= 1e4 ? 0 : 1) + " ms" : Math.round(gap) + " µs") + " · " +
+      Math.round(100 * gap / Math.max(1, s._cs[0] - p._cs[0])) + "%";
+    if (gap / usPerPx < text.length * 0.55 * px) continue;     // no room: the hover says it
+    out.push({ x: (s._cs[0] - gap / 2) / 1e6, y: spec.y.idle, xref: "x", yref: "y", showarrow: false, text,
+               font: { size: px, color: "#7f1d1d" }, bgcolor: "rgba(255,255,255,0.85)" });
+  }
+  return out;
 }
 
 // Under tensor parallelism, a tag at the top of each rank's GPU lanes: "rank 1 · cuda:1".
@@ -238,7 +269,9 @@ export function buildLegend() {
   const parts = [item(COLOR.sync, "sync", "mode"), item(COLOR.async, "async", "mode"), "<b>host</b>"]
     .concat(HOST.map(k => item(COLOR[k], k)))
     .concat(["<b>GPU</b>"]).concat(GPU.map(k => item(COLOR[k], k === "compute" ? "compute" : k.toUpperCase())))
-    .concat(["<b>GPU idle, by what the host was doing</b>", `<span id="bs-causes"></span>`,
+    .concat(["<b>GPU idle before a step, by cause</b>", `<span id="bs-causes"></span>`,
+             // imported traces only (setInsideLegend shows it)
+             `<span id="bs-legend-inside" class="bs-li" hidden></span>`,
              `<span class="bs-li"><i class="bs-gap"></i>GPU kept waiting by the host</span>`,
              `<span class="bs-li" title="The label names the new mode and the first step run in it">` +
              `<i class="bs-marker"></i>mode switch (→ new mode · first step)</span>`,
@@ -272,6 +305,24 @@ function setRankLegend(tp, steps) {
 }
 
 const fmtUs = us => (us >= 1000 ? (us / 1000).toFixed(2) + " ms" : (+us).toFixed(us < 10 ? 1 : 0) + " µs");
+
+// Idle inside steps (an imported trace's launch-bound stretches between kernels) is not on the idle lane, which
+// draws the gaps before steps: the legend says how much there is in view and what it was, the hover per step.
+const INSIDE_CAUSES_SHOWN = 3;
+
+function setInsideLegend(inside) {
+  const el = $("bs-legend-inside");
+  if (!el) return;
+  const on = inside.us > 0;
+  if (el.hidden === on) el.hidden = !on;
+  if (!on) return;
+  const top = Object.entries(inside.byCause).sort((a, b) => b[1] - a[1]).slice(0, INSIDE_CAUSES_SHOWN);
+  const html = `<b>GPU idle inside steps</b> ${esc(fmtUs(inside.us))} in view` + (top.length ? ": " : "") +
+    top.map(([c, us]) => `<span class="bs-li" title="${esc(causeHint(c) || c)}"><i style="background:${causeColor(c)}"></i>` +
+                         `${esc(causeLabel(c))} ${esc(fmtUs(us))}</span>`).join(", ") +
+    ` <span style="color:#64748b">(not drawn on the idle lane: hover a step)</span>`;
+  if (el.innerHTML !== html) el.innerHTML = html;
+}
 
 function setCauseLegend(causes) {
   const el = $("bs-causes");

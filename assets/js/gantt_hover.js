@@ -103,8 +103,14 @@ function describe(s) {
   const dev = s.gpu ? list("gpu", GPU) : (s._hostCompute ? `compute (host) ${ms(s._cs)}` : "");
   const idle = s.gpu_idle_before_us > 0
     ? `<br>GPU idle before: ${(s.gpu_idle_before_us / 1000).toFixed(3)} ms (${esc(causeLabel(s.idle_cause || "none"))})` : "";
+  // imported traces: the idle stretches inside the step's compute span (another place than the gap before it),
+  // by cause, the largest first
+  const inside = s.gpu_idle_inside_us > 0
+    ? `<br>GPU idle inside the step: ${(s.gpu_idle_inside_us / 1000).toFixed(3)} ms (` +
+      Object.entries(s.idle_inside_by_cause_us || {}).sort((a, b) => b[1] - a[1]).slice(0, 3)
+        .map(([c, us]) => `${esc(causeLabel(c))} ${(us / 1000).toFixed(3)}`).join(", ") + ")" : "";
   // (the page styles <b> dark for its light panels: this box is dark)
   return `<b style="color:#fff">step ${s.step}</b> · ${esc(s.mode)} · slot ${s.slot} · ${s.num_requests} req · ` +
     `${s.prefill_tokens} prefill + ${s.decode_tokens} decode tok<br>host ms: ${list("cpu", HOST)}` +
-    (dev ? `<br>device ms: ${dev}` : "") + idle + allreduceLine(s);
+    (dev ? `<br>device ms: ${dev}` : "") + idle + inside + allreduceLine(s);
 }

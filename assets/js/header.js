@@ -51,7 +51,7 @@ export async function requestMode(m) {
     setMode(res.mode);
     note("mode → " + m, false);
   } catch (e) {
-    note("mode switch failed: " + e.message, true);
+    note("mode switch failed: " + (/fetch|network/i.test(e.message) ? "the server cannot be reached" : e.message), true);
   } finally {
     if (badge) badge.classList.remove("pending");
   }

@@ -59,7 +59,7 @@ function init() {
   if (!state.live) {
     header.setConn("replay");
     api("/api/replay.json", "GET", undefined, 60000)
-      .then(tl => showReplay(tl, el.dataset.replayName || "recorded timeline"))
+      .then(tl => showReplay(tl, el.dataset.replayName || tracedName(tl) || "recorded timeline"))
       .catch(e => note("replay: " + e.message, true));
   } else if (!socket.ws) {
     connect(onMessage, header.setConn, () => state.live);
@@ -96,4 +96,10 @@ if (!window.batchscope) {
   // Gradio 6 injects head scripts after `load` has fired: start at once then, or when the document is parsed.
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();
+}
+
+// A timeline imported from a profiler trace (`batchscope replay TRACE`) is named after its (first) trace file.
+function tracedName(tl) {
+  const files = (tl && tl.meta && tl.meta.source && tl.meta.source.files) || [];
+  return files.length ? files[0].name + (files.length > 1 ? ` (+${files.length - 1} more)` : "") : "";
 }

@@ -2,7 +2,7 @@
  * markers, and `draw`, which also makes a zoom on any chart apply to all of them. */
 import { replayRange, state } from "./feed.js";
 import { syncControls } from "./controls.js";
-import { MODE_INK, switchLabel } from "./names.js";
+import { MODE_INK, switchLabel, switchesLabel } from "./names.js";
 
 export const HOST = ["schedule", "fill", "launch", "wait", "update"];
 export const GPU = ["h2d", "compute", "d2h"];
@@ -13,9 +13,14 @@ export const COLOR = {
 };
 // Idle gaps are coloured by what the host was doing meanwhile: a host phase keeps that phase's colour.
 // "empty_queue" (no request at all) is not the host's fault: grey. "host_other" is loop overhead between spans;
-// "gc", the garbage collector stopping every Python thread.
+// "gc", the garbage collector stopping every Python thread. The causes only an imported trace tells apart
+// (docs/import.md) get colours of their own, each far enough from every other cause's to tell apart on the lane
+// (tests/test_import_page.py measures it): the host's in reds and oranges, the device's in blues, greens and a
+// yellow, "unattributed" a dark slate.
 const CAUSE_COLOR = {
   empty_queue: "#94a3b8", none: "#94a3b8", host_other: "#ef4444", h2d: "#f59e0b", d2h: "#a855f7", gc: "#854d0e",
+  telemetry: "#65a30d", host_sync: "#9f1239", host_op: "#fdba74", stream_wait: "#1e3a8a", copy: "#0e7490",
+  collective: "#14532d", other_work: "#d4d400", unattributed: "#334155",
 };
 export const NO_WORK = new Set(["empty_queue", "none"]);
 const SPARE = ["#b91c1c", "#0f766e", "#7c2d12", "#4d7c0f", "#be185d", "#1e40af"];
@@ -100,6 +105,7 @@ function followZoom(ev) {
   const view = state.view;
   if (drawing.own || !ev) return;
   if (ev["xaxis.autorange"]) {
+    view.zoomed = false;
     if (view.source === "live") { view.follow = true; view.range = null; view.paused = false; }
     else { view.span = Infinity; view.range = replayRange(); }
     syncControls(); state.dirty = true;
@@ -109,13 +115,26 @@ function followZoom(ev) {
   const b = ev["xaxis.range[1]"] !== undefined ? ev["xaxis.range[1]"] : ev["xaxis.range"] && ev["xaxis.range"][1];
   if (a === undefined || b === undefined) return;
   view.follow = false;
+  view.zoomed = true;                      // a zoom is no window width: the window buttons go dark
   view.range = [a * 1e6, b * 1e6];
   syncControls(); state.dirty = true;
 }
 
-// Presentation mode (stage.js puts bs-present on <html>) enlarges the charts' text for a projector.
+// Presentation mode (stage.js puts bs-present on <html>) enlarges the charts' text for a projector, more on a
+// larger screen: stage.js sets --bs-scale from the viewport (1 at 1280x720, up to 3 at 3840x2160).
 export function textScale() {
-  return document.documentElement.classList.contains("bs-present") ? 1.25 : 1;
+  const root = document.documentElement;
+  if (!root.classList.contains("bs-present")) return 1;
+  const k = parseFloat(root.style.getPropertyValue("--bs-scale"));
+  return 1.25 * (isFinite(k) && k > 0 ? k : 1);
+}
+
+// Presentation mode fills the screen: the Gantt takes about half of its height, each chart of the row below
+// about a quarter (the rest is the header, the toolbar and the legend). null outside it (the usual heights).
+export function presentHeight(kind) {
+  if (!document.documentElement.classList.contains("bs-present")) return null;
+  const h = window.innerHeight;
+  return kind === "gantt" ? Math.max(290, Math.round(0.42 * h)) : Math.max(165, Math.round(0.25 * h));
 }
 
 // A font size in px, scaled for presentation mode.
@@ -163,27 +182,61 @@ export function modeRuns(steps) {
   return runs;
 }
 
-// A dotted line at every mode switch in [lo, hi]; with labels, "→ mode at step N" above it where there is room.
-// The lines of each colour are one path shape: Plotly's cost grows with the number of shapes, not their size.
+// A dotted line at every mode switch in [lo, hi]; with labels, "→ mode at step N" above it. Labels never overprint:
+// switches closer than their labels are wide get one label for the group ("3 switches (steps 380–402)"), and a
+// label near an edge is anchored inside the plot. The lines of each colour are one path shape: Plotly's cost
+// grows with the number of shapes, not their size.
 export function modeShapes(d, lo, hi, withLabels, usPerPx) {
-  const paths = {}, annotations = [];
-  let lastLabel = -Infinity, count = 0;
+  const paths = {}, inView = [];
   for (const c of d.mode_changes) {
     if (c.t_us < lo || c.t_us > hi) continue;
-    count++;
-    const x = c.t_us / 1e6;
+    inView.push(c);
     const col = COLOR[c.to] || "#0f172a";
-    paths[col] = (paths[col] || "") + `M${x},0V1`;
-    // labels closer than ~80 px would overprint each other: the line alone marks that switch
-    const crowded = usPerPx && c.t_us - lastLabel < 80 * usPerPx;
-    if (withLabels && !crowded) lastLabel = c.t_us;
-    if (withLabels && !crowded) annotations.push({ x, y: 1, xref: "x", yref: "paper", yanchor: "bottom", showarrow: false,
-      text: switchLabel(c), font: { size: fontPx(11), color: MODE_INK[c.to] || col },   // text shade: AA on white
-      bgcolor: "rgba(255,255,255,0.85)" });
+    paths[col] = (paths[col] || "") + `M${c.t_us / 1e6},0V1`;
   }
   const shapes = Object.entries(paths).map(([col, path]) => ({ type: "path", xref: "x", yref: "paper", path,
                                                                line: { color: col, width: 2, dash: "dot" } }));
-  return { shapes, annotations, count };
+  const annotations = withLabels && usPerPx ? switchLabels(inView, lo, hi, usPerPx) : [];
+  return { shapes, annotations, count: inView.length };
+}
+
+// Groups of switches whose labels would touch, each group one label (merged until no two labels touch).
+function switchLabels(changes, lo, hi, usPerPx) {
+  const px = fontPx(11), width = text => (text.length * 0.6 * px + 14) * usPerPx;
+  const text = g => (g.length > 1 ? switchesLabel(g) : switchLabel(g[0]));
+  const centre = g => (g[0].t_us + g[g.length - 1].t_us) / 2;
+  const touch = (a, b) => centre(b) - centre(a) < (width(text(a)) + width(text(b))) / 2;
+  let groups = changes.map(c => [c]);
+  for (let merged = true; merged;) {
+    merged = false;
+    const out = [];
+    for (const g of groups) {
+      if (out.length && touch(out[out.length - 1], g)) { out[out.length - 1] = out[out.length - 1].concat(g); merged = true; }
+      else out.push(g);
+    }
+    groups = out;
+  }
+  return groups.map(g => {
+    const t = centre(g), label = text(g), half = width(label) / 2;
+    const anchor = t - half < lo ? "left" : t + half > hi ? "right" : "center";
+    return { x: t / 1e6, y: 1, xref: "x", yref: "paper", yanchor: "bottom", xanchor: anchor, showarrow: false,
+             text: label, font: { size: px, color: g.length > 1 ? "#0f172a" : MODE_INK[g[0].to] || "#0f172a" },
+             bgcolor: "rgba(255,255,255,0.85)", hovertext: g.map(switchLabel).join("<br>") };
+  });
+}
+
+// The warm-up the scoreboard leaves out (the first steps of every stretch): a grey band, labelled on the Gantt.
+export function warmupShapes(board, lo, hi, withLabels) {
+  const bands = ((board && board.warmup) || []).filter(w => w.t0_us !== null && w.t1_us !== null && w.t1_us >= lo && w.t0_us <= hi);
+  const path = bands.map(w => `M${w.t0_us / 1e6},0H${w.t1_us / 1e6}V1H${w.t0_us / 1e6}Z`).join("");
+  const shapes = path ? [{ type: "path", xref: "x", yref: "paper", path, layer: "below", line: { width: 0 },
+                           fillcolor: "rgba(100,116,139,0.13)" }] : [];
+  // labelled where the band is wide enough to hold the word (at a recording's full width it is a sliver)
+  const px = fontPx(9), usPerPx = (hi - lo) / Math.max(1, window.innerWidth);
+  const annotations = withLabels ? bands.filter(w => (w.t1_us - w.t0_us) / usPerPx > 5 * px).map(w => ({
+    x: (w.t0_us + w.t1_us) / 2e6, y: 0.5, xref: "x", yref: "paper", showarrow: false, text: "warm-up",
+    font: { size: px, color: "#334155" }, bgcolor: "rgba(255,255,255,0.85)" })) : [];
+  return { shapes, annotations };
 }
 
 export function bandShapes(runs) {

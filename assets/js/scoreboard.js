@@ -1,152 +1,170 @@
-/* The per-mode scoreboard (#bs-board, rendered empty by app/ui/page_html.py): ms/step, decode tok/s, GPU busy % and
- * idle per step for sync and for async side by side, how async compares, and what the sync steps forecast for
- * async (figures.js). Live it covers the newest LIVE_WINDOW_US of each mode's latest stretch, so a switch
- * shows within seconds; in replay it covers the whole recording, per mode, as the replay summary does.
- * Large type: it is what a room reads from the back. */
-import { currentData, state } from "./feed.js";
-import { figures, forecastAsync, forecastOf, stretches } from "./figures.js";
+/* The per-mode scoreboard (#bs-board, rendered empty by app/ui/page_html.py). It draws the server's board
+ * (telemetry/figures.py): live, the websocket's "board" messages (each mode's newest 15 s, warm-up left out);
+ * in replay, the board the server computed for the whole recording. The page computes no figure itself.
+ *
+ * The verdict is the board's: ratios only from matched decode steps, with their 90% interval and n, "within
+ * noise" when the interval holds 1, nothing before enough steps. Large type: it is what a room reads. */
+import { shownBoard, state } from "./feed.js";
 import { causeLabel } from "./names.js";
 import { $, esc } from "./util.js";
-
-const LIVE_WINDOW_US = 15e6;
 
 const fmtNum = (v, digits) => (v === null || v === undefined || !isFinite(v) ? "–"
   : Number(v).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits }));
 
-// The newest part of the latest stretch of each mode (live), or every stretch of each mode (replay).
-export function modeRuns(steps, live) {
-  const out = { sync: [], async: [] };
-  if (!live) {
-    for (const run of stretches(steps)) if (out[run[0].mode]) out[run[0].mode].push(run);
-    return out;
-  }
-  // walk back from the newest step: the latest run of each mode, cut to its newest LIVE_WINDOW_US
-  let end = steps.length;
-  while (end > 0 && (!out.sync.length || !out.async.length)) {
-    let start = end - 1;
-    while (start > 0 && steps[start - 1].mode === steps[end - 1].mode && steps[start - 1].step === steps[start].step - 1) start--;
-    const mode = steps[end - 1].mode;
-    if (out[mode] && !out[mode].length) {
-      const last = steps[end - 1], tEnd = last._e !== undefined ? last._e : (last.compute_us || [0, 0])[1];
-      let a = start;
-      while (a < end - 1 && (steps[a]._c !== undefined ? steps[a]._c : steps[a].compute_us[0]) < tEnd - LIVE_WINDOW_US) a++;
-      out[mode].push(steps.slice(a, end));
-    }
-    end = start;
-  }
-  return out;
-}
-
-export function computeBoard(d, live) {
-  const runs = modeRuns(d.steps, live);
-  const sync = figures(runs.sync), async = figures(runs.async);
-  const forecast = live ? forecastOf(runs.sync, runs.async) : forecastAsync(d.steps);
-  return { sync, async, forecast, live };
-}
-
-// How async compares with sync, in words that say which way is better; HTML (the number large, the word small).
-function ratioHtml(key, s, a) {
-  if (s === null || a === null || s === undefined || a === undefined || !isFinite(s) || !isFinite(a)) return "";
-  if (key === "busyPct") return `<b>${a - s >= 0 ? "+" : "−"}${Math.abs(a - s).toFixed(1)}</b> <small>pts</small>`;
-  if (!s || !a) return "–";
-  if (key === "msPerStep") return `<b>${(s / a).toFixed(2)}×</b> <small>${a <= s ? "faster" : "slower"}</small>`;
-  if (key === "idleUsPerStep") return `<b>${a <= s ? "−" : "+"}${Math.abs(100 * (a - s) / s).toFixed(0)}%</b>`;
-  return `<b>×${(a / s).toFixed(2)}</b>`;
-}
-
 const unit = u => `<small class="bs-unit">${u}</small>`;
 const ROWS = [
-  { key: "msPerStep", label: "ms / step", hint: "median step time: compute start to the next step's", fmt: v => fmtNum(v, 2) },
-  { key: "decodeTokensPerS", label: "tok/s", hint: "decode tokens per second (steps without prefill, so the arrivals of new prompts do not sway it)", fmt: v => fmtNum(v, 0) },
-  { key: "busyPct", label: "GPU busy", hint: "share of the working time the device computed (CUDA events on a GPU, the forward's host span on a CPU); pauses with no request left out", fmt: v => (v === null ? "–" : fmtNum(v, 1) + unit("%")) },
-  { key: "idleUsPerStep", label: "idle / step", hint: "GPU idle gap before each step, on average", fmt: v => (v === null ? "–" : v >= 1000 ? fmtNum(v / 1000, 2) + unit("ms") : fmtNum(v, 0) + unit("µs")) },
+  { key: "ms_per_step", label: "ms / step", hint: "median step time, compute start to the next step's (all steps of the stretch, warm-up left out)", fmt: v => fmtNum(v, 2) },
+  { key: "decode_tokens_per_s", label: "decode tok/s", hint: "decode tokens per second: steps without prefill, over their own periods", fmt: v => fmtNum(v, 0) },
+  { key: "busy_pct", label: "GPU busy", hint: "share of the working time the device computed (CUDA events on a GPU, the forward's host span on a CPU); pauses with no request left out", fmt: v => (v === null || v === undefined ? "–" : fmtNum(v, 1) + unit("%")) },
+  { key: "idle_us_per_step", label: "idle / step", hint: "GPU idle gap before each step, on average (empty-queue time left out)", fmt: v => (v === null || v === undefined ? "–" : v >= 1000 ? fmtNum(v / 1000, 2) + unit("ms") : fmtNum(v, 0) + unit("µs")) },
 ];
+
+const interval = ci => (ci ? `${ci[0].toFixed(2)}–${ci[1].toFixed(2)}` : "");
+
+// The ratio column: only where the comparison stands on enough matched steps; else why not.
+function ratioHtml(key, b) {
+  const c = b.compare || {};
+  const s = b.modes.sync || {}, a = b.modes.async || {};
+  if (!c.ms_per_step) return key === "ms_per_step" ? `<small>${esc(c.verdict || "–")}</small>` : "";
+  if (key === "ms_per_step") {
+    const r = c.ms_per_step, noise = c.verdict === "within noise";
+    const word = noise ? "within noise" : r.ratio >= 1 ? "faster" : "slower";
+    return `<b title="90% interval ${interval(r.ci)}">${r.ratio.toFixed(2)}×</b> <small>${word}</small>`;
+  }
+  if (key === "decode_tokens_per_s") {
+    const r = c.tokens_per_s;
+    return `<b title="90% interval ${interval(r.ci)}">×${r.ratio.toFixed(2)}</b>`;
+  }
+  if (key === "busy_pct" && s.busy_pct !== null && a.busy_pct !== null && s.busy_pct !== undefined && a.busy_pct !== undefined) {
+    const d = a.busy_pct - s.busy_pct;
+    return `<b>${d >= 0 ? "+" : "−"}${Math.abs(d).toFixed(1)}</b>&nbsp;<small>pts</small>`;
+  }
+  if (key === "idle_us_per_step" && s.idle_us_per_step && a.idle_us_per_step !== null && a.idle_us_per_step !== undefined) {
+    const d = 100 * (a.idle_us_per_step - s.idle_us_per_step) / s.idle_us_per_step;
+    return `<b>${d <= 0 ? "−" : "+"}${Math.abs(d).toFixed(0)}%</b>`;
+  }
+  return "";
+}
+
+// What the steps support, in one sentence: the verdict with its interval and n, or why there is none yet.
+export function verdictHtml(c, cls = "bs-verdict-line") {
+  if (!c) return "";
+  const n = c.n ? `n = ${c.n.sync} / ${c.n.async} decode steps` : "";
+  const sizes = c.batch_sizes && c.batch_sizes.length
+    ? ` of batch ${c.batch_sizes.length > 3 ? c.batch_sizes[0] + "–" + c.batch_sizes[c.batch_sizes.length - 1] : c.batch_sizes.join(", ")}` : "";
+  let head;
+  if (c.verdict === "async faster" || c.verdict === "async slower") {
+    head = `<b>async ${c.ms_per_step.ratio.toFixed(2)}× ${c.verdict === "async faster" ? "faster" : "slower"}</b>`;
+  } else if (c.verdict === "within noise") {
+    head = `<b>no clear difference</b>`;
+  } else {
+    head = `<b>not enough steps yet</b>`;
+  }
+  const detail = c.ms_per_step ? `${esc(c.reason || "")} · ${n}${sizes}` : esc(c.reason || "");
+  return `<div class="${cls}" data-verdict="${esc(c.verdict || "")}" title="${esc(c.basis || "")}">${head} ` +
+    `<span>${detail}</span></div>`;
+}
 
 function topCause(f) {
   let best = null;
-  for (const [c, us] of Object.entries(f.idleByCause || {})) if (!best || us > best[1]) best = [c, us];
+  for (const [c, us] of Object.entries((f && f.idle_us_by_cause) || {})) if (!best || us > best[1]) best = [c, us];
   return best ? causeLabel(best[0]) : "";
 }
 
 function forecastHtml(b) {
-  const f = b.forecast;
-  const why = [["sync", b.sync], ["async", b.async]].filter(([, fig]) => fig.steps && topCause(fig))
+  const f = b.forecast || {};
+  const why = [["sync", b.modes.sync], ["async", b.modes.async]].filter(([, fig]) => fig && fig.steps && topCause(fig))
     .map(([m, fig]) => `${m} idles most on <b>${esc(topCause(fig))}</b>`).join(" · ");
   const whyHtml = why ? `<span class="bs-board-why">${why}</span>` : "";
   if (!f.applicable) {
     return `<div class="bs-board-forecast" id="bs-forecast" data-applicable="0"><span class="bs-fc-label">async forecast</span> ` +
-      `<span class="bs-fc-note">${esc(f.reason)}</span>${whyHtml}</div>`;
+      `<span class="bs-fc-note">${esc(f.reason || "")}</span>${whyHtml}</div>`;
   }
-  const measured = f.asyncMs !== null && f.asyncMs !== undefined
-    ? `<span class="bs-fc-measured">measured async <b id="bs-fc-async">${fmtNum(f.asyncMs, 2)}</b> ms/step ` +
-      `<span class="bs-fc-err">(forecast ${f.errorPct >= 0 ? "+" : "−"}${Math.abs(f.errorPct).toFixed(1)}%)</span></span>`
+  const fc = f.forecast_ms_per_step.p50, ma = f.measured_async_ms_per_step;
+  const measured = ma && ma.p50 !== null
+    ? `<span class="bs-fc-measured">measured async <b id="bs-fc-async">${fmtNum(ma.p50, 2)}</b> ms/step ` +
+      `<span class="bs-fc-err">(forecast ${f.forecast_error_pct >= 0 ? "+" : "−"}${Math.abs(f.forecast_error_pct).toFixed(1)}%)</span></span>`
     : `<span class="bs-fc-measured">switch to async (A) to check it</span>`;
-  const bound = f.bounds.host > f.bounds.gpu + f.bounds.chain ? "host-bound: async hides the GPU time, the host's stays"
+  const bounds = f.stretches.reduce((acc, s) => { for (const k in s.bound_steps) acc[k] = (acc[k] || 0) + s.bound_steps[k]; return acc; }, {});
+  const bound = (bounds.host || 0) > (bounds.gpu || 0) + (bounds.chain || 0) ? "host-bound: async hides the GPU time, the host's stays"
     : "GPU-bound: async would hide the host's work";
   return `<div class="bs-board-forecast" id="bs-forecast" data-applicable="1" title="From each sync step's own spans: ` +
     `GPU compute, host work and the chain between steps, replayed as the async loop would overlap them (docs/forecast.md). ${esc(bound)}.">` +
     `<span class="bs-fc-label">async forecast from the sync spans</span> ` +
-    `<span class="bs-fc-value"><b id="bs-fc-ms">${fmtNum(f.forecastMs, 2)}</b> ms/step ` +
+    `<span class="bs-fc-value"><b id="bs-fc-ms">${fmtNum(fc, 2)}</b> ms/step ` +
     `<span class="bs-fc-speedup">(${f.speedup.toFixed(2)}× faster than sync)</span></span> ${measured}${whyHtml}</div>`;
+}
+
+// Which steps a mode's column stands on: one stretch's range, or how many stretches and steps.
+function spanText(f) {
+  if (!f || !f.steps) return "no steps yet";
+  const ranges = f.ranges || [];
+  return ranges.length > 1 ? `${ranges.length} stretches · ${f.steps} steps` : `steps ${f.first_step}–${f.last_step}`;
 }
 
 // Two arrangements of the same figures: a table with a row per figure (the column beside the charts when
 // presenting) and a strip with a row per mode (the band above the charts otherwise); style.css shows one.
-function boardHtml(b) {
-  const cur = b.live ? state.mode : null;
+function boardHtml(b, live) {
+  const cur = live ? state.mode : null;
   const now = m => (cur === m ? " now" : "");
-  const nowTag = m => (cur === m ? "<small>now</small>" : "");
+  const nowTag = m => (cur === m ? `<small class="bs-now-tag">running</small>` : "");
   const head = m => `<th class="bs-bm ${m}${now(m)}" scope="col">${m}${nowTag(m)}</th>`;
-  const hostBasis = b.sync.hostBasis || b.async.hostBasis;
-  const label = r => (r.key === "busyPct" && hostBasis ? "busy (host)" : r.label);
-  const ratio = r => ratioHtml(r.key, b.sync[r.key], b.async[r.key]);
+  const s = b.modes.sync || {}, a = b.modes.async || {};
+  const hostBasis = s.busy_basis === "host" || a.busy_basis === "host";
+  const label = r => (r.key === "busy_pct" && hostBasis ? "busy (host)" : r.label);
   const rows = ROWS.map(r => `<tr data-key="${r.key}"><th scope="row" title="${esc(r.hint)}">${label(r)}</th>` +
-      `<td class="sync">${r.fmt(b.sync[r.key])}</td><td class="async">${r.fmt(b.async[r.key])}</td>` +
-      `<td class="bs-ratio">${ratio(r)}</td></tr>`).join("");
-  const span = f => (f.steps ? `steps ${f.firstStep}–${f.lastStep}` : "no steps yet");
-  const scope = b.live ? `newest ${LIVE_WINDOW_US / 1e6} s of each mode's latest stretch` : "whole recording, per mode";
+      `<td class="sync">${r.fmt(s[r.key])}</td><td class="async">${r.fmt(a[r.key])}</td>` +
+      `<td class="bs-ratio">${ratioHtml(r.key, b)}</td></tr>`).join("");
+  const warm = b.warmup_steps_per_stretch ? `, the first ${b.warmup_steps_per_stretch} steps of each stretch left out (warm-up)` : "";
+  const scope = live ? `each mode's newest ${b.window_s} s${warm}` : `whole recording, per mode${warm}`;
   const table = `<div class="bs-board-head"><span class="bs-board-title">sync vs async</span>` +
     `<span class="bs-board-scope">${scope}</span></div>` +
     `<table class="bs-board-table"><thead><tr><th></th>${head("sync")}${head("async")}<th class="bs-ratio-h" scope="col">async vs sync</th></tr></thead>` +
-    `<tbody>${rows}</tbody><tfoot><tr><th></th><td>${span(b.sync)}</td><td>${span(b.async)}</td><td></td></tr></tfoot></table>`;
+    `<tbody>${rows}</tbody><tfoot><tr><th></th><td>${spanText(s)}</td><td>${spanText(a)}</td><td></td></tr></tfoot></table>`;
   const strip = `<table class="bs-board-strip"><thead><tr><th scope="col" title="${scope}"><span class="bs-board-title">sync vs async</span>` +
-    `<small>${b.live ? "newest " + LIVE_WINDOW_US / 1e6 + " s" : "whole recording"}</small></th>` + ROWS.map(r => `<th scope="col" title="${esc(r.hint)}">${label(r)}</th>`).join("") + `</tr></thead><tbody>` +
-    ["sync", "async"].map(m => `<tr class="${m}"><th scope="row" class="bs-bm ${m}${now(m)}">${m}${nowTag(m)}<small>${span(b[m])}</small></th>` +
-      ROWS.map(r => `<td>${r.fmt(b[m][r.key])}</td>`).join("") + `</tr>`).join("") +
-    `<tr class="bs-ratio-row"><th scope="row">async vs sync</th>` + ROWS.map(r => `<td class="bs-ratio">${ratio(r)}</td>`).join("") +
+    `<small>${live ? "newest " + b.window_s + " s" : "whole recording"}</small></th>` + ROWS.map(r => `<th scope="col" title="${esc(r.hint)}">${label(r)}</th>`).join("") + `</tr></thead><tbody>` +
+    ["sync", "async"].map(m => `<tr class="${m}"><th scope="row" class="bs-bm ${m}${now(m)}">${m}${nowTag(m)}<small>${spanText(b.modes[m])}</small></th>` +
+      ROWS.map(r => `<td>${r.fmt((b.modes[m] || {})[r.key])}</td>`).join("") + `</tr>`).join("") +
+    `<tr class="bs-ratio-row"><th scope="row">async vs sync</th>` + ROWS.map(r => `<td class="bs-ratio">${ratioHtml(r.key, b)}</td>`).join("") +
     `</tr></tbody></table>`;
-  return table + strip + forecastHtml(b);
+  return table + strip + verdictHtml(b.compare) + forecastHtml(b);
 }
 
 // What tests and curious readers can check without parsing the text.
-function expose(el, b) {
+function expose(el, b, live) {
   const put = (k, v) => { el.dataset[k] = v === null || v === undefined || !isFinite(v) ? "" : String(Math.round(v * 1000) / 1000); };
   for (const m of ["sync", "async"]) {
-    put(m + "Ms", b[m].msPerStep); put(m + "Tps", b[m].decodeTokensPerS); put(m + "Busy", b[m].busyPct);
-    put(m + "Idle", b[m].idleUsPerStep); el.dataset[m + "Steps"] = String(b[m].steps);
+    const f = b.modes[m] || {};
+    put(m + "Ms", f.ms_per_step); put(m + "Tps", f.decode_tokens_per_s); put(m + "Busy", f.busy_pct);
+    put(m + "Idle", f.idle_us_per_step); el.dataset[m + "Steps"] = String(f.steps || 0);
   }
-  put("ratioMs", b.sync.msPerStep && b.async.msPerStep ? b.sync.msPerStep / b.async.msPerStep : null);
-  put("forecastMs", b.forecast.applicable ? b.forecast.forecastMs : null);
-  put("forecastAsyncMs", b.forecast.applicable ? b.forecast.asyncMs : null);
-  put("forecastError", b.forecast.applicable ? b.forecast.errorPct : null);
-  el.dataset.scope = b.live ? "live" : "replay";
+  const c = b.compare || {};
+  put("ratioMs", c.ms_per_step ? c.ms_per_step.ratio : null);
+  put("ratioLo", c.ms_per_step ? c.ms_per_step.ci[0] : null);
+  put("ratioHi", c.ms_per_step ? c.ms_per_step.ci[1] : null);
+  put("ratioTps", c.tokens_per_s ? c.tokens_per_s.ratio : null);
+  el.dataset.verdict = c.verdict || "";
+  el.dataset.n = c.n ? `${c.n.sync}/${c.n.async}` : "";
+  const f = b.forecast || {};
+  put("forecastMs", f.applicable ? f.forecast_ms_per_step.p50 : null);
+  put("forecastAsyncMs", f.applicable && f.measured_async_ms_per_step ? f.measured_async_ms_per_step.p50 : null);
+  put("forecastError", f.applicable ? f.forecast_error_pct : null);
+  el.dataset.scope = live ? "live" : "replay";
 }
 
-let last = { key: "", at: 0 };
+let last = { key: "" };
 
-// Called often (stage.js); recomputes when the data changed, at most once a second live.
+// Called often (stage.js); redraws when another board arrived, the view changed or the mode did.
 export function updateBoard() {
   const el = $("bs-board");
   if (!el || !state.root) return;
-  const d = currentData();
   const live = state.view.source === "live";
-  const key = [state.view.source, state.view.replayName, d.steps.length, d.steps.length ? d.steps[d.steps.length - 1].step : -1,
-               live ? state.mode : "", d.mode_changes.length].join("|");
-  const now = performance.now();
-  if (key === last.key || (live && now - last.at < 1000 && el.childElementCount)) return;
-  last = { key, at: now };
-  const b = computeBoard(d, live);
-  const html = boardHtml(b);
+  const b = shownBoard();
+  const key = [state.view.source, state.view.replayName, state.boardGen, live ? state.mode : ""].join("|");
+  if (key === last.key && el.childElementCount) return;
+  last = { key };
+  if (!b || !b.modes) { if (el.innerHTML) el.innerHTML = ""; return; }
+  const html = boardHtml(b, live);
   if (el.innerHTML !== html) el.innerHTML = html;
-  expose(el, b);
+  expose(el, b, live);
 }

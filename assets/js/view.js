@@ -36,6 +36,7 @@ export function togglePause() {
 
 export function setSpan(value) {
   const view = state.view;
+  view.zoomed = false;
   view.span = value === "all" ? Infinity : Number(value) * 1e6;
   if (view.source === "replay") {
     view.range = replayRange();

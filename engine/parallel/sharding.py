@@ -107,6 +107,7 @@ class GatheredHead(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.size = size
+        self.out_features = weight.shape[0] * size                 # the logits' width once gathered
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         part = F.linear(hidden, self.weight)                       # [rows, vocab / N]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-HEADER = ("step", "slot", "T", "B", "S", "max_blocks", "n64", "n32", "nf", "graph_bucket", "any_random",
-          "any_filter", "num_carried", "num_sampled", "max_query_len", "max_seq_len")
+HEADER = ("step", "slot", "T", "B", "S", "max_blocks", "n64", "n32", "nf", "graph_kind", "graph_tokens", "graph_rows",
+          "any_random", "any_filter", "num_carried", "num_sampled", "max_query_len", "max_seq_len", "extras")
 
 
 def encode(header: dict, p64: np.ndarray, p32: np.ndarray, pf: np.ndarray) -> bytes:

@@ -1,16 +1,25 @@
 """/v1: OpenAI-compatible completions and chat completions (SSE with `stream: true`), and the model list, so that
-the `openai` client, `vllm bench serve` or GuideLLM can drive the engine."""
+the `openai` client, `vllm bench serve` or GuideLLM can drive the engine.
+
+The bodies declare the fields that are served; any other field goes through openai_fields.py, which accepts it
+only where it asks for nothing (or only says who is asking) and refuses it with a 400 otherwise: nothing a client
+sends is ignored silently. Serving a new field is declaring it here (and honouring it).
+"""
 from __future__ import annotations
 
 import time
 import uuid
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.concurrency import run_in_threadpool
+
+from batchscope.engine.config import MAX_TOP_LOGPROBS
 
 from ..deps import State
 from ..errors import EngineFailure
+from ..openai_fields import check_fields, check_message, check_part, check_stream_options
+from ..openai_logprobs import CompletionLogprobs, chat_logprobs
 from ..state import AppState
 from ..streaming import final_outputs, sse_stream
 
@@ -22,7 +31,7 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 
 class OpenAIBody(BaseModel):
-    model_config = ConfigDict(extra="allow")      # clients send fields we do not use (user, metadata, ...)
+    model_config = ConfigDict(extra="allow")      # the rest is checked by openai_fields.check_fields
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -33,16 +42,15 @@ class OpenAIBody(BaseModel):
     stream: bool = False
     stream_options: dict | None = None
     ignore_eos: bool = False                      # vLLM extension, used by benchmark clients
-    n: int = 1
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = None         # -2 to 2; unset: 0, none
+    frequency_penalty: float | None = None        # -2 to 2; unset: 0, none
+    repetition_penalty: float | None = None       # vLLM extension, > 0; unset: 1, none
 
 
 class CompletionBody(OpenAIBody):
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
+    # the legacy form: how many alternatives besides the chosen token, 0 to MAX_TOP_LOGPROBS; false or null: none
+    logprobs: StrictBool | int | None = None
 
 
 class ContentPart(BaseModel):
@@ -61,30 +69,57 @@ class ChatBody(OpenAIBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
-    tools: list | None = None
+    top_logprobs: int | None = None               # 0 to MAX_TOP_LOGPROBS, with logprobs: true
 
 
 def _unsupported(body: OpenAIBody) -> None:
-    if body.n != 1:
-        raise ValueError("n must be 1: batchscope returns one choice per prompt")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):
-            raise ValueError(f"{name} is not supported")
-    if getattr(body, "logprobs", None):
-        raise ValueError("logprobs are not supported")
-    if getattr(body, "echo", False):
-        raise ValueError("echo is not supported")
-    if getattr(body, "best_of", None) not in (None, 1):
-        raise ValueError("best_of is not supported")
-    if getattr(body, "tools", None):
-        raise ValueError("tools are not supported")
+    """A 400 (ValueError) for any field, stream option or message part that is not served as asked."""
+    check_fields(body.model_extra or {})
+    check_stream_options(body.stream, body.stream_options)
+    for m in getattr(body, "messages", ()):
+        check_message(m.model_extra or {})
+        for part in m.content if isinstance(m.content, list) else ():
+            if part.type == "text":         # other kinds are refused with the text itself (_message_text)
+                check_part(part.model_extra or {})
 
 
-def _sampling(state: AppState, body: OpenAIBody, prompt_len: int, max_tokens: int | None):
+def _sampling(state: AppState, body: OpenAIBody, prompt_len: int, max_tokens: int | None, logprobs: int | None):
     stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
     top_k = body.top_k if body.top_k and body.top_k > 0 else 0
     return state.sampling(prompt_len, max_tokens, 1.0 if body.temperature is None else body.temperature,
-                          1.0 if body.top_p is None else body.top_p, top_k, body.seed, body.ignore_eos, stop)
+                          1.0 if body.top_p is None else body.top_p, top_k, body.seed, body.ignore_eos, stop,
+                          logprobs=logprobs, presence_penalty=_unset_is(body.presence_penalty, 0.0),
+                          frequency_penalty=_unset_is(body.frequency_penalty, 0.0),
+                          repetition_penalty=_unset_is(body.repetition_penalty, 1.0))
+
+
+def _unset_is(value, default):
+    return default if value is None else value
+
+
+def _alternatives(name: str, value) -> int:
+    if isinstance(value, bool) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}")
+    return value
+
+
+def _completion_logprobs(body: CompletionBody) -> int | None:
+    """The engine's logprobs count for /v1/completions' `logprobs: k` (None: none asked)."""
+    if body.logprobs is True:
+        raise ValueError(f"logprobs on /v1/completions is how many alternatives to return, 0 to {MAX_TOP_LOGPROBS} "
+                         "(logprobs: true is the chat completions form)")
+    if body.logprobs is None or body.logprobs is False:       # not `in (None, False)`: 0 == False
+        return None
+    return _alternatives("logprobs", body.logprobs)
+
+
+def _chat_logprobs(body: ChatBody) -> int | None:
+    """The engine's logprobs count for chat's `logprobs: true` and `top_logprobs: k` (None: none asked)."""
+    if not body.logprobs:
+        if body.top_logprobs:           # 0 or null asks for nothing, as before logprobs were served
+            raise ValueError("top_logprobs needs logprobs: true")
+        return None
+    return _alternatives("top_logprobs", body.top_logprobs or 0)
 
 
 def _usage(prompt: int, completion: int) -> dict:
@@ -96,6 +131,12 @@ def _usage_event(body: OpenAIBody, chunk, prompt_tokens: int):
     if not (body.stream_options or {}).get("include_usage"):
         return None
     return lambda produced: chunk([], usage=_usage(prompt_tokens, produced))
+
+
+def _continuous_usage(body: OpenAIBody) -> bool:
+    """stream_options.continuous_usage_stats (vLLM's): usage so far in every chunk, with include_usage."""
+    options = body.stream_options or {}
+    return bool(options.get("include_usage") and options.get("continuous_usage_stats"))
 
 
 def _error_event(d) -> dict:
@@ -137,13 +178,20 @@ def _message_text(m: ChatMessage) -> dict:
 
 @router.get("/models")
 def models(state: State) -> dict:
-    return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": int(state.started),
-                                        "owned_by": "batchscope"}]}
+    """The served model. `root` is where its tokenizer lives on the server (`vllm bench serve` reads it as the model
+    id and its default tokenizer), `max_model_len` its context."""
+    eng = state.engine
+    root = getattr(getattr(eng, "tokenizer", None), "name_or_path", None) if eng is not None else None
+    card = {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "batchscope",
+            "root": root or state.model_name, "parent": None,
+            "max_model_len": eng.info.get("max_model_len") if eng is not None else None}
+    return {"object": "list", "data": [card]}
 
 
 @router.post("/completions")
 async def completions(body: CompletionBody, state: State, request: Request):
     _unsupported(body)
+    alternatives = _completion_logprobs(body)
     one = isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int))
     prompts = [body.prompt] if one else list(body.prompt)
     if not prompts:
@@ -152,7 +200,7 @@ async def completions(body: CompletionBody, state: State, request: Request):
         raise ValueError(f"{len(prompts)} prompts in one request, over the limit of {state.limits.max_burst_requests}")
     ids = [await run_in_threadpool(state.encode, p) for p in prompts]
     max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    handles = _submit_all(state, ids, [_sampling(state, body, len(x), max_tokens) for x in ids])
+    handles = _submit_all(state, ids, [_sampling(state, body, len(x), max_tokens, alternatives) for x in ids])
     cid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name
 
     def chunk(choices: list, **extra) -> dict:
@@ -161,28 +209,41 @@ async def completions(body: CompletionBody, state: State, request: Request):
 
     prompt_tokens = sum(map(len, ids))
     if body.stream:
+        produced = [0] * len(ids)
+        continuous = _continuous_usage(body)
+        columns = [CompletionLogprobs(state.token_strings) for _ in ids] if alternatives is not None else None
+
         def event(i, d, _) -> dict | None:
-            if d.text or d.finished:
-                return chunk([{"index": i, "text": d.text, "logprobs": None, "finish_reason": _finish(d)}])
+            produced[i] += len(d.token_ids)
+            # with logprobs, a delta whose text the detokenizer holds back (half a character) is a chunk too: each
+            # token's logprob comes with the delta that carried the token
+            if d.text or d.finished or (columns and d.token_ids):
+                extra = {"usage": _usage(len(ids[i]), produced[i])} if continuous else {}
+                logprobs = columns[i].piece(d.token_ids, d.logprobs, d.top_logprobs) if columns else None
+                return chunk([{"index": i, "text": d.text, "logprobs": logprobs, "finish_reason": _finish(d)}],
+                             **extra)
             return None
         return sse_stream(handles, event, last=_usage_event(body, chunk, prompt_tokens), on_error=_error_event)
     outs = await final_outputs(handles, request)
     _raise_engine_error(outs)
-    choices = [{"index": i, "text": o.text, "logprobs": None, "finish_reason": FINISH.get(o.finish_reason)}
-               for i, o in enumerate(outs)]
+    choices = [{"index": i, "text": o.text,
+                "logprobs": None if alternatives is None else
+                CompletionLogprobs(state.token_strings).piece(o.token_ids, o.logprobs, o.top_logprobs),
+                "finish_reason": FINISH.get(o.finish_reason)} for i, o in enumerate(outs)]
     return chunk(choices, usage=_usage(prompt_tokens, sum(len(o.token_ids) for o in outs)))
 
 
 @router.post("/chat/completions")
 async def chat_completions(body: ChatBody, state: State, request: Request):
     _unsupported(body)
+    alternatives = _chat_logprobs(body)
     messages = [_message_text(m) for m in body.messages]
     ids = await run_in_threadpool(state.encode_messages, messages)
     max_tokens = body.max_completion_tokens or body.max_tokens
     if max_tokens is None:
         room = (state.engine.info.get("max_model_len") or 10**9) - len(ids)
         max_tokens = max(1, min(CHAT_DEFAULT_MAX_TOKENS, state.limits.max_new_tokens, room))
-    handle = state.submit(ids, _sampling(state, body, len(ids), max_tokens))
+    handle = state.submit(ids, _sampling(state, body, len(ids), max_tokens, alternatives))
     cid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name
 
     def chunk(choices: list, **extra) -> dict:
@@ -190,18 +251,25 @@ async def chat_completions(body: ChatBody, state: State, request: Request):
                 "choices": choices, **extra}
 
     if body.stream:
-        def event(_, d, __) -> dict | None:
-            if d.text or d.finished:
-                return chunk([{"index": 0, "delta": {"content": d.text} if d.text else {}, "logprobs": None,
-                               "finish_reason": _finish(d)}])
+        continuous = _continuous_usage(body)
+
+        def event(_, d, produced: int) -> dict | None:
+            if d.text or d.finished or (alternatives is not None and d.token_ids):     # as in completions
+                extra = {"usage": _usage(len(ids), produced)} if continuous else {}
+                logprobs = (None if alternatives is None else
+                            chat_logprobs(state.token_strings, d.token_ids, d.logprobs, d.top_logprobs))
+                return chunk([{"index": 0, "delta": {"content": d.text} if d.text else {}, "logprobs": logprobs,
+                               "finish_reason": _finish(d)}], **extra)
             return None
         role = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                       "finish_reason": None}])
+                       "finish_reason": None}], **({"usage": _usage(len(ids), 0)} if continuous else {}))
         return sse_stream([handle], event, first=role, last=_usage_event(body, chunk, len(ids)),
                           on_error=_error_event)
     (out,) = await final_outputs([handle], request)
     _raise_engine_error([out])
     return {"id": cid, "object": "chat.completion", "created": created, "model": name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
+                         "logprobs": None if alternatives is None else
+                         chat_logprobs(state.token_strings, out.token_ids, out.logprobs, out.top_logprobs),
                          "finish_reason": FINISH.get(out.finish_reason)}],
             "usage": _usage(len(ids), len(out.token_ids))}

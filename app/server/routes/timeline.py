@@ -44,11 +44,26 @@ def recordings(state: State) -> Recordings:
 
 
 @router.post("/replay")
-async def replay_upload(request: Request, state: State) -> ReplayLoaded:
+async def replay_upload(request: Request, state: State, name: str | None = None) -> ReplayLoaded:
+    """The body: a batchscope.timeline/1 JSON document, or a profiler trace (Chrome-trace JSON), either of them
+    gzipped or not; `name` (the file's) is what errors about it say."""
     raw = await request.body()          # BodyLimit has bounded it to MAX_REPLAY_BYTES already
     if not raw:
-        raise ValueError("send a batchscope.timeline/1 JSON document as the request body")
-    return await run_in_threadpool(state.load_replay, raw)
+        raise ValueError("send a batchscope.timeline/1 JSON document or a profiler trace as the request body")
+    return await run_in_threadpool(state.load_replay, raw, name)
+
+
+@router.get("/history")
+def history(state: State, seconds: float = 180.0):
+    """The live ring's newest seconds for a viewer that joins late (at most what the server keeps)."""
+    if not 0 < seconds <= 3600:
+        raise ValueError(f"seconds must be in (0, 3600], got {seconds:g}")
+    return state.history(seconds)
+
+
+@router.get("/replay/trace.json")
+def replay_trace(state: State, download: bool = False):
+    return _download(state.replay_perfetto(), "batchscope-replay.trace.json", download)
 
 
 @router.get("/replay.json")

@@ -1,0 +1,81 @@
+"""/api: sweeps — a synchronous run, a throughput run and rising rates in each mode, their progress and results,
+their export (batchscope.sweep/1 JSON, CSV), and other tools' reports uploaded to overlay on them."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from ...loadtest.sweep_export import to_csv
+from ...loadtest.sweep_spec import SLO, SweepSpec
+from ...loadtest.sweep_status import SweepList, SweepStarted, SweepStatus
+from ..deps import State
+from ..replay import MAX_JSON_DEPTH, json_depth_over
+
+router = APIRouter(prefix="/api", tags=["sweep"])
+CONFLICT = {409: {"description": "another sweep, an A/B, a load or a burst is running"}}
+
+
+@router.post("/sweep", responses=CONFLICT)
+def start_sweep(spec: SweepSpec, state: State) -> SweepStarted:
+    return state.start_sweep(spec)
+
+
+@router.get("/sweeps")
+def list_sweeps(state: State) -> SweepList:
+    return state.list_sweeps()
+
+
+def _attachment(filename: str, download: bool) -> dict:
+    return {"Content-Disposition": f'attachment; filename="{filename}"'} if download else {}
+
+
+# the exports first: "/sweep/{sweep_id}" would also match "sweep-x.json"
+@router.get("/sweep/{sweep_id}.json")
+def sweep_json(sweep_id: str, state: State, download: bool = False):
+    doc = state.sweep_run(sweep_id).document()
+    return JSONResponse(doc, headers=_attachment(f"batchscope-{sweep_id}.json", download))
+
+
+@router.get("/sweep/{sweep_id}.csv")
+def sweep_csv(sweep_id: str, state: State, download: bool = False):
+    text = to_csv(state.sweep_run(sweep_id).document())
+    return Response(text, media_type="text/csv", headers=_attachment(f"batchscope-{sweep_id}.csv", download))
+
+
+@router.get("/sweep/{sweep_id}")
+def sweep_status(sweep_id: str, state: State) -> SweepStatus:
+    return state.sweep_status(sweep_id)
+
+
+@router.post("/sweep/{sweep_id}/stop")
+def stop_sweep(sweep_id: str, state: State) -> SweepStatus:
+    """Cut the point running now short (its requests in flight are cancelled and counted) and keep the rest."""
+    return state.stop_sweep(sweep_id)
+
+
+@router.post("/sweep/import")
+async def import_report(request: Request, state: State, slo_ttft_ms: float | None = None,
+                        slo_itl_ms: float | None = None, slo_e2e_ms: float | None = None) -> dict:
+    """A GuideLLM JSON report, a `vllm bench serve` result (or JSON lines of them) or a batchscope.sweep/1 file as
+    the body; kept to overlay. The SLO (query) judges its per-request values, where it has them."""
+    raw = await request.body()          # BodyLimit has bounded it to MAX_REPLAY_BYTES already
+    if not raw:
+        raise ValueError("send a GuideLLM or vllm bench serve JSON report as the request body")
+    depth = await run_in_threadpool(json_depth_over, raw, MAX_JSON_DEPTH)
+    if depth is not None:
+        raise ValueError(f"report JSON is nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}")
+    given = {k: v for k, v in (("ttft_ms", slo_ttft_ms), ("itl_ms", slo_itl_ms), ("e2e_ms", slo_e2e_ms))
+             if v is not None}
+    report = await run_in_threadpool(state.import_report, raw, SLO(**given))
+    return _import_summary(report)
+
+
+@router.get("/sweep/imports/{import_id}")
+def imported_report(import_id: str, state: State) -> dict:
+    return state.imported_report(import_id)
+
+
+def _import_summary(report: dict) -> dict:
+    return {"import_id": report["id"], "tool": report["tool"], "format": report["format"], "label": report["label"],
+            "notes": report["notes"], "series": {name: len(c["points"]) for name, c in report["modes"].items()}}

@@ -1,0 +1,97 @@
+"""The HTML of the Sweep tab that sweep_tab.py shows: a sweep's progress, what each mode's curve says (the highest
+rate meeting the SLOs, where it leaves them, its knees) with the downloads, and what an imported report held.
+
+Pure functions of a sweep's status as JSON (app/loadtest/sweep_status.py), like load_html.py, so they are checked
+without a browser.
+"""
+from __future__ import annotations
+
+import html
+
+from .page_html import error_html, number_text
+
+KIND_TEXT = {"synchronous": "synchronous", "throughput": "throughput", "constant": "constant rate",
+             "poisson": "Poisson rate", "concurrent": "concurrent", "gamma": "gamma rate"}
+
+
+def point_text(p: dict | None) -> str:
+    """"3: constant rate @ 12.50 req/s" for a point or a picked point."""
+    if not p:
+        return "–"
+    rate = f" @ {p['offered_rate']:.2f} req/s" if p.get("offered_rate") else ""
+    return f"{p['index']}: {KIND_TEXT.get(p['kind'], p['kind'])}{rate}"
+
+
+def sweep_progress_html(st: dict) -> str:
+    e = html.escape
+    done, total = st["points_done"], st["points_total"]
+    pct = 100.0 * done / total if total else 0.0
+    cur = st.get("current")
+    if st["state"] == "running":
+        if cur:
+            where = (f"{e(cur['mode'])} · {e(point_text(cur))} · {cur['sent']} sent, {cur['finished']} finished, "
+                     f"{cur['in_flight']} in flight" + (" · draining" if cur["draining"] else
+                                                        f" · {cur['elapsed_s']:.0f} s"))
+        else:
+            where = "warming up"
+        label = f"sweep {e(st['id'])}: {where}"
+    elif st["state"] == "error":
+        return error_html(f"sweep {st['id']} failed: {st.get('error')}")
+    else:
+        how = "stopped on request" if st.get("stop_reason") == "stopped" else (
+            "stopped: the server is shutting down" if st.get("stop_reason") == "shutdown" else "done")
+        label = f"sweep {e(st['id'])}: {how} after {st['elapsed_s']:.0f} s"
+    return (f'<div id="bs-sweep-info" class="bs-progress-wrap" data-state="{e(st["state"])}" '
+            f'data-stop="{e(st.get("stop_reason") or "")}"><div class="bs-progress"><div style="width:{pct:.1f}%">'
+            f'</div></div><span class="bs-progress-label">{label} · {done}/{total} points</span></div>')
+
+
+def _rate(pick: dict | None) -> str:
+    if not pick:
+        return "–"
+    return f"{number_text(pick['requests_per_s'], 2)} req/s <small>({e_(point_text(pick))})</small>"
+
+
+def e_(text: str) -> str:
+    return html.escape(text)
+
+
+def sweep_summary_html(st: dict) -> str:
+    """Per mode: up to which rate it meets the SLOs, where it leaves them, its knees; then the downloads."""
+    modes = {m: c.get("summary") or {} for m, c in (st.get("modes") or {}).items() if c.get("points")}
+    if not modes:
+        return ""
+    slo = st.get("slo") or {}
+    target = slo.get("target", 0.99)
+    rows = [(f"meets the SLOs (≥ {target:.0%}) up to", lambda s: _rate(s.get("slo_max"))),
+            ("leaves them at", lambda s: _rate(s.get("slo_exit")) if s.get("slo_exit") else "not within the sweep"),
+            ("TTFT p99 knee", lambda s: _rate(((s.get("knees") or {}).get("ttft_ms") or {}).get("p99"))),
+            ("ITL p99 knee", lambda s: _rate(((s.get("knees") or {}).get("itl_ms") or {}).get("p99"))),
+            ("E2E p99 knee", lambda s: _rate(((s.get("knees") or {}).get("e2e_ms") or {}).get("p99")))]
+    head = "".join(f'<th class="{e_(m)}">{e_(m)}</th>' for m in modes)
+    body = "".join(f"<tr><th>{label}</th>" + "".join(f"<td>{read(s)}</td>" for s in modes.values()) + "</tr>"
+                   for label, read in rows)
+    top = "".join(f"<td>{_top(c.get('points') or [])}</td>" for c in st["modes"].values() if c.get("points"))
+    body += f"<tr><th>throughput run</th>{top}</tr>"
+    limits = ", ".join(f"{k.split('_')[0].upper()} ≤ {v:g} ms" for k, v in slo.items() if k != "target" and v)
+    sid = e_(st["id"])
+    links = (f'<div class="bs-sweep-downloads">download <a id="bs-sweep-json" href="/api/sweep/{sid}.json?download=1"'
+             f' download>JSON</a> · <a id="bs-sweep-csv" href="/api/sweep/{sid}.csv?download=1" download>CSV</a>'
+             f' <small>(batchscope.sweep/1; the charts have their own PNG button)</small></div>')
+    return (f'<table id="bs-sweep-table" class="bs-table bs-ab"><thead><tr><th></th>{head}</tr></thead>'
+            f'<tbody>{body}</tbody></table><div class="bs-ab-legend">SLOs: {e_(limits or "none")} '
+            f'(ITL against each request\'s mean gap)</div>{links}')
+
+
+def _top(points: list[dict]) -> str:
+    p = next((p for p in points if p["kind"] == "throughput"), None)
+    if p is None:
+        return "–"
+    return f"{number_text(p['requests_per_s'], 2)} req/s · {number_text(p['output_tokens_per_s'])} tok/s"
+
+
+def import_html(report: dict) -> str:
+    series = ", ".join(f"{e_(name)} ({len(c['points'])} points)" for name, c in report["modes"].items())
+    notes = "".join(f"<li>{e_(n)}</li>" for n in report.get("notes") or [])
+    return (f'<div id="bs-sweep-imported" class="bs-load-kind">overlaid: <b>{e_(report["format"])}</b>: {series}'
+            f'{"<ul>" + notes + "</ul>" if notes else ""}</div>')

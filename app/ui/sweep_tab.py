@@ -1,0 +1,305 @@
+"""The Sweep tab: its fields (modes, points, duration, request lengths, SLOs with their defaults), Start and Stop,
+live progress, and the charts, built on the server as Plotly figures (sweep_figures.py): latency against
+throughput with sync and async overlaid, the engine per point, and the latency distributions of a chosen sweep
+point or of the Load test tab's newest burst, A/B or load. Another tool's report can be uploaded to overlay.
+The HTML is sweep_html.py's; the spec is the same SweepSpec that POST /api/sweep checks.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import gradio as gr
+
+from ..loadtest.sweep_spec import DEFAULT_ITL_MS, DEFAULT_RATE_POINTS, DEFAULT_TARGET, DEFAULT_TTFT_MS, SLO, SweepSpec
+from .load_tab import CHECK_MODE_LOCK_SOON, refusal
+from .page_html import error_html
+from .sweep_figures import (FOREIGN_COLORS, MODE_COLORS, curves_figure, distribution_figure, engine_figure,
+                            series_of)
+from .sweep_html import import_html, point_text, sweep_progress_html, sweep_summary_html
+
+POLL_S = 0.5
+START, STOP = "Start sweep", "Stop sweep"
+
+
+@dataclass
+class SweepTab:
+    modes: gr.CheckboxGroup
+    points: gr.Number
+    duration: gr.Number
+    prompt: gr.Number
+    output: gr.Number
+    slo_ttft: gr.Number
+    slo_itl: gr.Number
+    slo_e2e: gr.Textbox
+    target: gr.Number
+    start: gr.Button
+    stop: gr.Button
+    progress: gr.HTML
+    summary: gr.HTML
+    x_axis: gr.Radio
+    curves: gr.Plot
+    engine: gr.Plot
+    choice: gr.Dropdown
+    dist_kind: gr.Radio
+    refresh: gr.Button
+    dist: gr.Plot
+    upload: gr.File
+    imported: gr.HTML
+    sweep_id: gr.State
+    imports: gr.State
+
+    def spec_inputs(self) -> list:
+        return [self.modes, self.points, self.duration, self.prompt, self.output, self.slo_ttft, self.slo_itl,
+                self.slo_e2e, self.target]
+
+    def slo_inputs(self) -> list:
+        return [self.slo_ttft, self.slo_itl, self.slo_e2e, self.target]
+
+
+def sweep_tab(live: bool) -> SweepTab:
+    gr.Markdown("**Sweep**: in each mode a synchronous run (one request at a time), a throughput run (as many in "
+                "flight as the server allows), then rates evenly spaced between the two, the same seeded requests "
+                "at every point. The mode toggle is locked while it runs.", elem_id="bs-sweep-intro")
+    modes = gr.CheckboxGroup(["sync", "async"], value=["sync", "async"], label="modes", elem_id="bs-sweep-modes",
+                             interactive=live)
+    with gr.Row():
+        points = gr.Number(DEFAULT_RATE_POINTS, label="rates between", precision=0, elem_id="bs-sweep-points",
+                           interactive=live)
+        duration = gr.Number(10, label="seconds per point", elem_id="bs-sweep-duration", interactive=live)
+    with gr.Row():
+        prompt = gr.Number(64, label="prompt tokens", precision=0, elem_id="bs-sweep-prompt", interactive=live)
+        output = gr.Number(64, label="output tokens", precision=0, elem_id="bs-sweep-output", interactive=live)
+    with gr.Row():
+        slo_ttft = gr.Number(DEFAULT_TTFT_MS, label="SLO TTFT ms", elem_id="bs-sweep-slo-ttft", interactive=live)
+        slo_itl = gr.Number(DEFAULT_ITL_MS, label="SLO ITL ms (per request)", elem_id="bs-sweep-slo-itl",
+                            interactive=live)
+    with gr.Row():
+        # a text field: an empty Number reads as 0, and 0 is an SLO the model refuses; empty here means none
+        slo_e2e = gr.Textbox("", label="SLO E2E ms (empty: none)", elem_id="bs-sweep-slo-e2e", interactive=live,
+                             max_lines=1)
+        target = gr.Number(DEFAULT_TARGET, label="target attainment (0-1)", elem_id="bs-sweep-target",
+                           interactive=live)
+    with gr.Row():
+        start = gr.Button(START, variant="primary", elem_id="bs-sweep-start", interactive=live, size="sm")
+        stop = gr.Button(STOP, variant="stop", elem_id="bs-sweep-stop", interactive=False, size="sm")
+    progress = gr.HTML("", elem_id="bs-sweep-progress", js_on_load=None)
+    summary = gr.HTML("", elem_id="bs-sweep-summary", js_on_load=None)
+    x_axis = gr.Radio([("requests/s", "requests_per_s"), ("output tokens/s", "output_tokens_per_s")],
+                      value="requests_per_s", label="throughput axis", elem_id="bs-sweep-x")
+    curves = gr.Plot(curves_figure([], None), elem_id="bs-sweep-curves", show_label=False)
+    engine = gr.Plot(engine_figure([], None), elem_id="bs-sweep-engine", show_label=False)
+    gr.Markdown("**Distributions** of one sweep point (sync and async overlaid) or of the Load test tab's newest "
+                "burst, A/B or continuous load", elem_id="bs-sweep-dist-intro")
+    with gr.Row():
+        choice = gr.Dropdown([], value=None, label="show", elem_id="bs-sweep-choice", scale=3)
+        refresh = gr.Button("↻ load-test runs", elem_id="bs-sweep-refresh", size="sm", scale=1)
+    dist_kind = gr.Radio([("CDF", "cdf"), ("histogram", "hist")], value="cdf", label="as",
+                         elem_id="bs-sweep-dist-kind")
+    dist = gr.Plot(distribution_figure([]), elem_id="bs-sweep-dist", show_label=False)
+    upload = gr.File(label="overlay a GuideLLM or vllm bench serve JSON report", file_types=[".json", ".jsonl"],
+                     type="binary", elem_id="bs-sweep-upload", interactive=live)
+    imported = gr.HTML("", elem_id="bs-sweep-import-status", js_on_load=None)
+    return SweepTab(modes, points, duration, prompt, output, slo_ttft, slo_itl, slo_e2e, target, start, stop,
+                    progress, summary, x_axis, curves, engine, choice, dist_kind, refresh, dist, upload, imported,
+                    gr.State(None), gr.State([]))
+
+
+# ----------------------------------------------------------------------------------------------- the handlers
+
+def _given(v):
+    if isinstance(v, str):
+        v = v.strip()
+    return None if v in (None, "") else v
+
+
+def panel_slo(ttft, itl, e2e, target) -> dict:
+    """Empty SLO fields are not checked; a 0 is sent as it is, so that the model refuses it with its reason."""
+    slo = {"ttft_ms": _given(ttft), "itl_ms": _given(itl), "e2e_ms": _given(e2e)}
+    if _given(target) is not None:
+        slo["target"] = target
+    return slo
+
+
+def sweep_spec(modes, points, duration, prompt, output, *slo) -> SweepSpec:
+    fields = {"modes": list(modes or []), "slo": panel_slo(*slo)}
+    for key, value in (("points", points), ("duration_s", duration), ("prompt_tokens", prompt),
+                       ("max_new_tokens", output)):
+        if _given(value) is not None:
+            fields[key] = value
+    return SweepSpec(**fields)
+
+
+def buttons(running: bool) -> tuple:
+    if running:
+        return gr.update(interactive=False, value="Sweep running…"), gr.update(interactive=True)
+    return gr.update(interactive=True, value=START), gr.update(interactive=False)
+
+
+def wire_sweep(state, tab: SweepTab, demo: gr.Blocks) -> None:
+    views = SweepViews(state)
+    outputs = [tab.progress, tab.summary, tab.curves, tab.engine, tab.choice, tab.start, tab.stop, tab.sweep_id]
+
+    def start(x_key, imports, *values):
+        # clears the last attempt's error and shows the start is under way
+        starting = gr.update(interactive=False, value="Starting…"), gr.update(interactive=False)
+        yield "", *(gr.update(),) * 4, *starting, None
+        try:
+            sweep_id = state.start_sweep(sweep_spec(*values)).sweep_id
+        except Exception as e:
+            yield refusal("sweep", e), gr.update(), gr.update(), gr.update(), gr.update(), *buttons(False), None
+            return
+        yield from views.follow(sweep_id, x_key, imports)
+
+    def stop(sweep_id):
+        try:
+            target = sweep_id or state.running_sweep()
+            if target:
+                state.stop_sweep(target)
+        except Exception:               # already gone: the follower shows how it ended
+            pass
+
+    def follow_running(x_key, imports):
+        sweep_id = state.running_sweep() if state.engine is not None else None
+        if sweep_id is None:
+            yield (gr.update(),) * 4 + (views.choices(None),) + (gr.update(),) * 3
+            return
+        yield from views.follow(sweep_id, x_key, imports)
+
+    # a sweep locks the mode toggle, as an A/B does: have the page look for the lock now
+    tab.start.click(start, [tab.x_axis, tab.imports, *tab.spec_inputs()], outputs, concurrency_limit=4,
+                    show_progress="hidden", js=CHECK_MODE_LOCK_SOON)
+    tab.stop.click(stop, tab.sweep_id, None, show_progress="hidden")
+    tab.x_axis.change(views.redraw, [tab.sweep_id, tab.x_axis, tab.imports], [tab.curves, tab.engine],
+                      show_progress="hidden")
+    dist_inputs = [tab.choice, tab.dist_kind, tab.sweep_id, tab.imports]
+    tab.choice.change(views.distributions, dist_inputs, tab.dist, show_progress="hidden")
+    tab.dist_kind.change(views.distributions, dist_inputs, tab.dist, show_progress="hidden")
+    tab.refresh.click(views.choices, tab.sweep_id, tab.choice, show_progress="hidden")
+    tab.upload.upload(views.add_import, [tab.upload, tab.sweep_id, tab.x_axis, tab.imports, *tab.slo_inputs()],
+                      [tab.imported, tab.curves, tab.engine, tab.imports], show_progress="hidden")
+    if state.engine is not None:
+        demo.load(follow_running, [tab.x_axis, tab.imports], outputs, show_progress="hidden", concurrency_limit=8)
+
+
+class SweepViews:
+    """What the tab's handlers draw from the state: figures, choices and distributions of a sweep."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def _status(self, sweep_id: str | None) -> dict | None:
+        if not sweep_id:
+            return None
+        try:
+            return self.state.sweep_status(sweep_id).model_dump(mode="json")
+        except Exception:
+            return None
+
+    def _imports(self, ids: list[str]) -> list[dict]:
+        out = []
+        for i in ids or []:
+            try:
+                out.append(self.state.imported_report(i))
+            except Exception:           # forgotten (the server keeps the last few)
+                pass
+        return out
+
+    def figures(self, st: dict | None, x_key: str, imports: list[str]) -> tuple:
+        series = series_of(st, self._imports(imports))
+        slo = (st or {}).get("slo")
+        return curves_figure(series, slo, x_key or "requests_per_s"), engine_figure(series, (slo or {}).get("target"),
+                                                                                   x_key or "requests_per_s")
+
+    def redraw(self, sweep_id, x_key, imports):
+        return self.figures(self._status(sweep_id), x_key, imports)
+
+    def choices(self, sweep_id, st: dict | None = None):
+        st = st or self._status(sweep_id)
+        options, value = [], None
+        for mode, curve in ((st or {}).get("modes") or {}).items():
+            for p in curve.get("points") or []:
+                label = f"sweep point {point_text(p)}"
+                if (label, f"point:{p['index']}") not in options:
+                    options.append((label, f"point:{p['index']}"))
+                    value = f"point:{p['index']}"
+        try:
+            runs = list(self.state.load_test_values())
+        except Exception:
+            runs = []
+        options += [(f"{key} (Load test tab)", f"run:{key}") for key in runs]
+        return gr.update(choices=options, value=value or (options[0][1] if options else None))
+
+    def follow(self, sweep_id: str, x_key, imports):
+        drawn = None
+        while True:
+            st = self._status(sweep_id)
+            if st is None:
+                yield error_html(f"sweep {sweep_id} is gone"), *(gr.update(),) * 4, *buttons(False), None
+                return
+            running = st["state"] == "running"
+            if st["points_done"] != drawn or not running:
+                drawn = st["points_done"]
+                curves, engine = self.figures(st, x_key, imports)
+                yield (sweep_progress_html(st), sweep_summary_html(st), curves, engine, self.choices(sweep_id, st),
+                       *buttons(running), sweep_id)
+            else:
+                yield (sweep_progress_html(st), gr.update(), gr.update(), gr.update(), gr.update(), *buttons(True),
+                       sweep_id)
+            if not running:
+                return
+            time.sleep(POLL_S)
+
+    def distributions(self, choice, kind, sweep_id, imports):
+        dists = []
+        if choice and choice.startswith("run:"):
+            key = choice[4:]
+            for series, values in self.state.load_test_values().get(key, []):
+                dists.append({"name": f"{series} · {key}", "color": MODE_COLORS.get(series, FOREIGN_COLORS[2]),
+                              "values": values})
+        elif choice and choice.startswith("point:") and sweep_id:
+            dists = self._point_dists(int(choice[6:]), sweep_id, imports)
+        return distribution_figure(dists, kind or "cdf")
+
+    def _point_dists(self, i: int, sweep_id: str, imports) -> list[dict]:
+        try:
+            doc = self.state.sweep_run(sweep_id).document()
+        except Exception:
+            return []
+        dists, ours = [], None
+        for mode, curve in doc["modes"].items():
+            if i < len(curve["points"]) and i < len(curve["distributions"]):
+                ours = curve["points"][i]
+                dists.append({"name": f"{mode} · {point_text(ours)}", "color": MODE_COLORS.get(mode, "#111827"),
+                              "values": curve["distributions"][i]})
+        n = 0
+        for rep in self._imports(imports):         # each report's point nearest in throughput to ours
+            for name, curve in rep["modes"].items():
+                near = _nearest(curve, ours)
+                if near is not None:
+                    p, values = near
+                    dists.append({"name": f"{name} · {point_text(p)}",
+                                  "color": FOREIGN_COLORS[n % len(FOREIGN_COLORS)], "values": values})
+                n += 1
+        return dists
+
+    def add_import(self, raw, sweep_id, x_key, imports, *slo):
+        imports = list(imports or [])
+        if raw is None:
+            return gr.update(), gr.update(), gr.update(), imports
+        try:
+            report = self.state.import_report(raw, SLO(**panel_slo(*slo)))
+        except Exception as e:
+            return refusal("report", e).replace("not started", "not read"), gr.update(), gr.update(), imports
+        imports.append(report["id"])
+        return (import_html(report), *self.figures(self._status(sweep_id), x_key, imports), imports)
+
+
+def _nearest(curve: dict, ours: dict | None):
+    pts, dists = curve.get("points") or [], curve.get("distributions") or []
+    cands = [(p, d) for p, d in zip(pts, dists) if any(d.get(k) for k in ("ttft_ms", "e2e_ms", "itl_ms"))]
+    if not cands:
+        return None
+    if ours is None or ours.get("requests_per_s") is None:
+        return cands[0]
+    return min(cands, key=lambda pd: abs((pd[0].get("requests_per_s") or 0) - ours["requests_per_s"]))

@@ -1,0 +1,124 @@
+"""What the live page costs the machine it runs on: the browser's renderer CPU (all its threads, % of one core) and
+the longest gap between two frames, under a continuous load at the 2-minute window and with the engine idle.
+
+The server runs in this process (the engine beside the page, as on a laptop demo), Debian's Chromium through
+Playwright draws the page. CPU comes from the renderer processes' own accounting (psutil), frames from
+requestAnimationFrame in the page.
+
+    python benchmarks/page_cost.py [--model smollm2-135m|tiny-random] [--seconds 20] [--out page_cost.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import urllib.request
+
+import psutil
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+FRAMES_JS = """ms => new Promise(done => {
+  let last = performance.now(), worst = 0, n = 0;
+  const end = last + ms;
+  function frame(t) { worst = Math.max(worst, t - last); last = t; n++; if (t < end) requestAnimationFrame(frame);
+                      else done({ frames: n, worstGapMs: worst, pictures: window.batchscope.perf.pictures }); }
+  window.batchscope.perf.reset();
+  requestAnimationFrame(frame);
+})"""
+
+
+def renderers() -> list[psutil.Process]:
+    """The renderer processes of the Chromium this script started (its children; Playwright keeps the browser's
+    own pid to itself)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "--type=renderer" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def cpu_seconds(procs) -> float:
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def measure(page, procs, seconds: float) -> dict:
+    """Renderer CPU over `seconds` with nothing but the page running, then the worst gap between frames over
+    as long again (requestAnimationFrame asks for every frame, which costs the renderer by itself: the CPU
+    figure is taken without it)."""
+    page.evaluate("window.batchscope.perf.reset()")
+    c0, t0 = cpu_seconds(procs), time.perf_counter()
+    time.sleep(seconds)
+    c1, t1 = cpu_seconds(procs), time.perf_counter()
+    pictures = page.evaluate("window.batchscope.perf.pictures")
+    frames = page.evaluate(FRAMES_JS, seconds * 1000)
+    return {"renderer_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 1), "pictures": pictures,
+            "worst_frame_gap_ms": round(frames["worstGapMs"], 1), "frames": frames["frames"],
+            "seconds": round(t1 - t0, 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from playwright.sync_api import sync_playwright
+
+    from batchscope.app.loadtest.specs import Limits
+    from batchscope.app.server import ServerThread, create_app
+    from batchscope.app.server.state import AppState
+    from batchscope.engine import EngineConfig
+
+    state = AppState.load(EngineConfig(model=args.model, device="cpu", dtype="float32", mode="async",
+                                       num_blocks=512, max_batch_tokens=512, max_running=32), Limits())
+    srv = ServerThread(create_app(state)).start()
+    result = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join([sys.executable, *sys.argv]),
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "model": args.model}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_context(viewport={"width": 1600, "height": 2000}).new_page()
+            page.goto(srv.url + "/")
+            page.wait_for_selector("#bs-gantt .main-svg", timeout=120_000)
+            procs = renderers()
+            time.sleep(3)
+            result["idle"] = measure(page, procs, args.seconds)
+            req = urllib.request.Request(srv.url + "/api/load", json.dumps(
+                {"kind": "concurrency", "concurrency": args.concurrency, "duration_s": 600}).encode(),
+                {"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=30).read()
+            page.click("#bs-window button[data-span='120']")
+            time.sleep(max(10.0, args.seconds / 2))     # the window fills with steps
+            result["under_load_2min_window"] = measure(page, procs, args.seconds)
+            result["steps_kept"] = int(page.get_attribute("#bs-scope", "data-steps") or 0)
+            browser.close()
+    finally:
+        srv.stop()
+        state.close()
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

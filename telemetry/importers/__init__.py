@@ -1,0 +1,55 @@
+"""Profiler traces of any engine -> ordinary `batchscope.timeline/1` timelines (docs/import.md).
+
+    from batchscope.telemetry.importers import import_trace
+    timeline = import_trace("rank0.pt.trace.json.gz")                  # or several ranks' files of one run
+    timeline = import_trace(paths, kernels=True, progress=lambda done, total: ...)
+
+Kineto / torch.profiler Chrome-trace JSON, plain or gzipped, whole or an excerpt, CUDA or ROCm, is streamed (never
+loaded whole), split into steps by the engine's own markers (or steps inferred from the trace, said so in
+`meta.source`), and every idle microsecond of the device is named: between steps as batchscope's own recordings
+do, and inside them, which CUDA events cannot see. Bad input raises a one-line TraceImportError (a TimelineError).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..export import validate_timeline
+from .analysis import analyse
+from .errors import (ClockSkewError, NoDeviceActivityError, NotATraceError, TraceImportError,
+                     TruncatedTraceError)
+from .ranks import order_ranks
+from .reading import read_trace
+from .timeline import build
+
+__all__ = ["import_trace", "TraceImportError", "NotATraceError", "TruncatedTraceError", "NoDeviceActivityError",
+           "ClockSkewError"]
+
+
+def import_trace(paths, *, kernels: bool = False, progress=None, partial: bool = False,
+                 workers: int | None = None) -> dict:
+    """One trace file, or several ranks' files of one run (a list), as a validated timeline dict.
+
+    kernels:  also keep every device op and idle stretch (`timeline["kernels"]`, drawn by the Perfetto export);
+              the timeline grows with the trace instead of with its steps.
+    progress: called as progress(bytes_done, bytes_total) while the files are read (compressed bytes for .gz).
+    partial:  import the part of a truncated file that was written, noting the cut, instead of refusing it.
+    workers:  processes that parse a large file's events (default one per core; 1: this process only)."""
+    paths = [str(paths)] if isinstance(paths, (str, Path)) else [str(p) for p in paths]
+    if not paths:
+        raise TraceImportError("no trace files given")
+    for p in paths:
+        if not os.path.isfile(p):
+            raise TraceImportError(f"{p}: no such file")
+    sizes = [os.path.getsize(p) for p in paths]
+    total, done_before = sum(sizes), 0
+    tables = []
+    for path, size in zip(paths, sizes):
+        report = (lambda n, base=done_before: progress(base + n, total)) if progress else None
+        tables.append(read_trace(path, report, partial, workers))
+        done_before += size
+        if progress:
+            progress(done_before, total)
+    analyses = [analyse(t, keep_stretches=kernels) for t in tables]
+    timeline = build(analyses, order_ranks(tables), keep_kernels=kernels)
+    return validate_timeline(timeline, paths[0])

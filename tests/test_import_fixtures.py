@@ -1,0 +1,92 @@
+"""Real traces of our own, committed under tests/fixtures/ (gzipped, small): each imports to a valid timeline
+with the steps, modes and idle accounting expected of it, and where batchscope's own recording of the same steps
+sits beside the trace (`<name>.timeline.json.gz`), the two agree (telemetry/importers/agreement.py).
+
+A new fixture is one line in FIXTURES. Traces recorded on a GPU by benchmarks/import_ground_truth.py (batchscope)
+and benchmarks/transformers_traces.py (transformers' continuous batching) go here as they are made.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from batchscope.telemetry import load_timeline, to_perfetto
+from batchscope.telemetry.importers import import_trace
+from batchscope.telemetry.importers.agreement import compare_steps
+
+HERE = Path(__file__).parent / "fixtures"
+
+
+@dataclass
+class Fixture:
+    trace: str
+    engine: str
+    device: str
+    steps: int
+    modes: set
+    # beside batchscope's own timeline: what the comparison must show (CPU traces: each step's compute is its
+    # launch range, which the engine times from just outside the range, so spans differ by the range's own cost)
+    tol_us: float = 20.0
+    span_within_pct: float = 95.0
+    busy_points: float = 1.0
+    causes_pct: float = 90.0
+    extra: dict = field(default_factory=dict)
+
+
+FIXTURES = [
+    # python benchmarks/import_ground_truth.py --dry (tiny-random on CPU; see tests/fixtures/README.md)
+    Fixture("batchscope-cpu-sync.pt.trace.json.gz", "batchscope", "cpu", 10, {"sync"},
+            tol_us=150.0, span_within_pct=90.0, causes_pct=60.0),
+    # async: the window's last step had launched the next one, whose ranges are in the trace too
+    Fixture("batchscope-cpu-async.pt.trace.json.gz", "batchscope", "cpu", 11, {"async"},
+            tol_us=150.0, span_within_pct=90.0, causes_pct=60.0),
+]
+ASSERT_TOTAL_MIB = 4
+
+
+def _own(fx: Fixture) -> dict | None:
+    path = HERE / fx.trace.replace(".pt.trace.json.gz", ".timeline.json.gz")
+    return json.loads(gzip.decompress(path.read_bytes())) if path.exists() else None
+
+
+def test_the_fixtures_stay_small():
+    total = sum(p.stat().st_size for p in HERE.glob("*.gz"))
+    assert total < ASSERT_TOTAL_MIB * 2**20, f"tests/fixtures holds {total / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("fx", FIXTURES, ids=lambda fx: fx.trace)
+def test_a_fixture_imports_as_expected(fx):
+    tl = import_trace(HERE / fx.trace)
+    load_timeline(json.loads(json.dumps(tl)))
+    src = tl["meta"]["source"]
+    assert (src["engine"], tl["meta"]["device"]) == (fx.engine, fx.device)
+    assert len(tl["steps"]) == fx.steps
+    assert {s["mode"] for s in tl["steps"]} == fx.modes
+    for s in tl["steps"]:
+        parts = sum(s["idle_by_cause_us"].values())
+        if s["gpu_idle_before_us"]:
+            assert parts == pytest.approx(s["gpu_idle_before_us"], abs=0.1 * len(s["idle_by_cause_us"]) + 0.05)
+        if s.get("idle_inside_by_cause_us"):
+            assert sum(s["idle_inside_by_cause_us"].values()) == pytest.approx(s["gpu_idle_inside_us"], abs=0.5)
+    assert 0 < tl["summary"]["busy_pct"] <= 100
+    assert to_perfetto(tl)["traceEvents"]
+
+
+@pytest.mark.parametrize("fx", [f for f in FIXTURES if _own(f) is not None], ids=lambda fx: fx.trace)
+def test_a_fixture_agrees_with_batchscopes_own_recording(fx):
+    imported, own = import_trace(HERE / fx.trace), _own(fx)
+    agree = compare_steps(imported, own, tol_us=fx.tol_us)
+    assert agree["steps_matched"] == len(imported["steps"])
+    mine = {s["step"]: s for s in own["steps"]}
+    for s in imported["steps"]:
+        o = mine[s["step"]]
+        assert (s["mode"], s["prefill_tokens"], s["decode_tokens"], s["num_requests"]) == \
+               (o["mode"], o["prefill_tokens"], o["decode_tokens"], o["num_requests"])
+    assert agree["compute_span"]["within_pct"] >= fx.span_within_pct, agree["compute_span"]
+    assert agree["gap_before"]["within_pct"] >= fx.span_within_pct, agree["gap_before"]
+    assert abs(agree["busy_pct"]["diff"]) <= fx.busy_points, agree["busy_pct"]
+    assert agree["causes"]["matched_pct"] >= fx.causes_pct, agree["causes"]
