@@ -1,165 +1,61 @@
-"""Fan-out to live viewers: coalesced frames, bounded per-subscriber queues, drops instead of back-pressure.
+"""Fan-out to live viewers: coalesced frames in one shared, bounded ring; a viewer that falls behind skips ahead.
 
 Producers (the engine thread, the sampler thread) only `publish`: one deque append, never a lock held on a
 subscriber, never a wait. A flusher thread wakes ~20 times a second, drains what was published, builds one frame
 (a short list of messages: "mode", "steps", "rank_steps", "requests", "nvml", every few frames "stats", at most
-once a second after new steps "board", the scoreboard), encodes its JSON once and offers it to every subscriber. An idle engine (no step, request or mode record for `idle_s`) makes one frame
+once a second after new steps "board", the scoreboard), encodes its JSON once and appends it to the ring every
+viewer reads from (fanout.py). An idle engine (no step, request or mode record for `idle_s`) makes one frame
 a second instead, the sampler's records of that second held back and gathered into it, with the stats: an idle
 page wakes twice a second for its feed, not 24 times. The first record of new work goes out at the next flush.
-A subscriber whose queue is full loses its oldest frame; its next `get` starts with a {"type": "dropped"} notice
-saying how many frames it lost. So a stalled viewer costs the engine nothing.
-Each queue is bounded in frames and in bytes, and the number of subscribers is capped (`TooManySubscribers`).
+
+Memory is bounded for all viewers together: the ring holds the frames some viewer has yet to read, at most
+`max_queue_bytes` of JSON (and the newest frame), however many viewers there are; a stalled viewer pins nothing.
+A viewer that falls behind (more than its `max_queue` frames, frames more than `max_lag_s` older than the newest,
+or frames the ring no longer holds) skips to the newest frames instead of reading a stale backlog. Its next `get`
+starts with a {"type": "dropped"} notice saying how many frames it lost, then, when the hub has a `catch_up`
+source (Telemetry gives one), a {"type": "catch_up"} message: what the lost frames held that the page needs to
+stay right (request states, mode changes) and the newest steps. So a stalled viewer costs the engine nothing.
+The number of subscribers is capped (`TooManySubscribers`).
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 
+from .fanout import Frame, FrameRing, Subscription, SubscriptionClosed
 
-MAX_SUBSCRIBERS = 64                    # live viewers at once; each costs a queue and a send per frame
-MAX_QUEUE_FRAMES = 256                  # per viewer: ~13 s of frames at 20 frames/s
-MAX_QUEUE_BYTES = 8 << 20               # per viewer: frames are shared, but a stalled viewer pins what it holds
+__all__ = ["Hub", "Subscription", "SubscriptionClosed", "TooManySubscribers", "Frame", "request_view"]
+
+MAX_SUBSCRIBERS = 64                    # live viewers at once; each costs a cursor and a send per frame
+MAX_QUEUE_FRAMES = 256                  # per viewer: the most frames it may fall behind (MAX_LAG_S cuts first)
+MAX_QUEUE_BYTES = 8 << 20               # all viewers together: JSON of the frames some viewer has yet to read
+MAX_LAG_S = 2.0                         # a viewer further behind than this skips to the newest frames
 IDLE_S = 1.0                            # an engine quiet this long is idle: one frame per IDLE_S, not per flush
 BOARD_S = 1.0                           # the scoreboard goes out at most this often, and only after new steps
-
-
-class SubscriptionClosed(Exception):
-    """The subscription (or the whole hub) was closed and every queued frame has been read."""
 
 
 class TooManySubscribers(RuntimeError):
     """The hub already feeds its maximum number of viewers."""
 
 
-class Frame:
-    __slots__ = ("messages", "texts", "nbytes")
-
-    def __init__(self, messages: list):
-        self.messages = messages
-        self.texts = [json.dumps(m, separators=(",", ":"), default=str) for m in messages]
-        self.nbytes = sum(len(t) for t in self.texts)
-
-
-def _dropped_notice(frames: int, total: int) -> dict:
-    return {"type": "dropped", "frames": frames, "total_frames": total}
-
-
-class Subscription:
-    """One viewer's queue. Create it with `Hub.subscribe` from inside an asyncio task; read with `await get()`
-    (message dicts, shared between viewers: do not modify them) or `await get_text()` (the same, JSON-encoded)."""
-
-    def __init__(self, hub: Hub, max_queue: int, loop: asyncio.AbstractEventLoop | None,
-                 max_bytes: int = MAX_QUEUE_BYTES):
-        self._hub = hub
-        self.max_queue = max(1, int(max_queue))
-        self.max_bytes = max(1, int(max_bytes))
-        self._loop = loop
-        self._frames: deque[Frame] = deque()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self._ready = asyncio.Event()
-        self._waiting = False
-        self.closed = False
-        self.dropped_frames = 0
-        self._unreported = 0
-
-    # flusher thread
-    def _offer(self, frame: Frame) -> None:
-        with self._lock:
-            if self.closed:
-                return
-            # the newest frame always stays, even one over the byte cap on its own
-            while self._frames and (len(self._frames) >= self.max_queue or
-                                    self._bytes + frame.nbytes > self.max_bytes):
-                self._bytes -= self._frames.popleft().nbytes
-                self.dropped_frames += 1
-                self._unreported += 1
-            self._frames.append(frame)
-            self._bytes += frame.nbytes
-            wake = self._waiting
-            self._waiting = False
-        if wake:
-            self._wake()
-
-    def _wake(self) -> None:
-        if self._loop is None:
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._ready.set)
-        except RuntimeError:        # the viewer's event loop is gone
-            self.close()
-
-    def _take(self, text: bool) -> list | None:
-        with self._lock:
-            if not self._frames:
-                return None
-            frame = self._frames.popleft()
-            self._bytes -= frame.nbytes
-            lost, self._unreported = self._unreported, 0
-        out = list(frame.texts if text else frame.messages)
-        if lost:
-            notice = _dropped_notice(lost, self.dropped_frames)
-            out.insert(0, json.dumps(notice) if text else notice)
-        return out
-
-    def get_nowait(self, text: bool = False) -> list | None:
-        """The next frame's messages, or None when nothing is queued."""
-        out = self._take(text)
-        if out is None and self.closed:
-            raise SubscriptionClosed("subscription closed")
-        return out
-
-    async def get(self, text: bool = False) -> list:
-        """Wait for the next frame and return its messages (a dropped-frames notice first, if frames were lost)."""
-        while True:
-            out = self._take(text)
-            if out is not None:
-                return out
-            with self._lock:
-                if self.closed:
-                    raise SubscriptionClosed("subscription closed")
-                if self._frames:
-                    continue
-                self._ready.clear()
-                self._waiting = True
-            await self._ready.wait()
-
-    async def get_text(self) -> list[str]:
-        return await self.get(text=True)
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> list:
-        try:
-            return await self.get()
-        except SubscriptionClosed:
-            raise StopAsyncIteration
-
-    def queued(self) -> int:
-        return len(self._frames)
-
-    def queued_bytes(self) -> int:
-        return self._bytes
-
-    def close(self) -> None:
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-        self._hub._remove(self, self.dropped_frames)
-        self._wake()
+def _clock_us() -> float:
+    return time.perf_counter_ns() / 1000.0
 
 
 class Hub:
+    """`stats()` and `board()` give the bodies of the "stats" and "board" messages; `catch_up(since_us, after_step)`
+    the body of a "catch_up" message for a viewer that skipped frames: what changed since `since_us` (on `clock`,
+    the hub's clock in µs, which stamps frames) and the steps after `after_step` (None: it has read none)."""
+
     def __init__(self, stats: Callable[[], dict] | None = None, hz: float = 20.0, max_pending: int = 20_000,
                  stats_every: int = 5, start: bool = True, max_subscribers: int = MAX_SUBSCRIBERS,
                  max_queue_bytes: int = MAX_QUEUE_BYTES, idle_s: float = IDLE_S,
-                 board: Callable[[], dict] | None = None, board_s: float = BOARD_S):
+                 board: Callable[[], dict] | None = None, board_s: float = BOARD_S,
+                 catch_up: Callable[[float, int | None], dict] | None = None,
+                 clock: Callable[[], float] | None = None, max_lag_s: float | None = MAX_LAG_S):
         self.period = 1.0 / hz
         self.idle_s = max(float(idle_s), self.period)
         self._active_until = -float("inf")  # monotonic time until which frames go out at every flush
@@ -167,6 +63,11 @@ class Hub:
         self._held: list = []               # an idle engine's sampler records, kept for the next idle frame
         self.max_subscribers = max_subscribers
         self.max_queue_bytes = max_queue_bytes
+        self.max_lag_s = max_lag_s
+        self._ring = FrameRing(max_queue_bytes, MAX_QUEUE_FRAMES)
+        self._catch_up = catch_up
+        self._clock = clock or _clock_us
+        self.catch_ups = 0              # catch-up messages built for viewers that skipped frames
         self.refused_subscribers = 0
         self.dropped_frames_closed = 0  # frames lost by viewers that have left
         self._stats = stats
@@ -211,12 +112,15 @@ class Hub:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None                # polled with get_nowait() from a thread
-        sub = Subscription(self, max_queue, loop, self.max_queue_bytes)
+        sub = Subscription(self, max_queue, loop, self._clock())
         with self._subs_lock:
             if len(self._subs) >= self.max_subscribers:
                 self.refused_subscribers += 1
                 raise TooManySubscribers(f"{len(self._subs)} viewers already connected (limit "
                                          f"{self.max_subscribers})")
+            with self._ring.lock:
+                sub._cursor = self._ring.next_seq       # from the next frame on
+                self._ring.max_frames = max(self._ring.max_frames, sub.max_queue)
             self._subs.append(sub)
         return sub
 
@@ -225,16 +129,38 @@ class Hub:
             if sub in self._subs:
                 self._subs.remove(sub)
                 self.dropped_frames_closed += dropped_frames
+            subs = list(self._subs)
+        with self._ring.lock:
+            self._ring.trim(self._wanted_from(subs))
+
+    def _wanted_from(self, subs: list[Subscription]) -> int:
+        """The oldest frame some viewer may still read (under the ring's lock)."""
+        return min((s._start() for s in subs if not s.closed), default=self._ring.next_seq)
+
+    def _catch_up_message(self, since_us: float, after_step: int | None) -> dict | None:
+        if self._catch_up is None:
+            return None
+        self.catch_ups += 1
+        try:
+            return {"type": "catch_up", **self._catch_up(since_us, after_step)}
+        except Exception as exc:
+            return {"type": "catch_up", "error": f"{type(exc).__name__}: {exc}"}
 
     def status(self) -> dict:
+        """`queued_frames` and `queued_bytes` count what the ring holds for all viewers together (frames are
+        shared); `dropped_frames` what every viewer lost, those gone included."""
         with self._subs_lock:
             subs = list(self._subs)
+        ring = self._ring
+        with ring.lock:
+            dropped = sum(s._skipped + s._pending_skip() for s in subs)
+            frames, nbytes, evicted = len(ring), ring.bytes, ring.evicted
         return {"subscribers": len(subs), "max_subscribers": self.max_subscribers,
                 "refused_subscribers": self.refused_subscribers, "pending": len(self._pending),
                 "pending_overflow": self.pending_overflow,
-                "queued_frames": sum(s.queued() for s in subs), "queued_bytes": sum(s.queued_bytes() for s in subs),
-                "max_queue_bytes": self.max_queue_bytes,
-                "dropped_frames": self.dropped_frames_closed + sum(s.dropped_frames for s in subs)}
+                "queued_frames": frames, "queued_bytes": nbytes, "max_queue_bytes": self.max_queue_bytes,
+                "evicted_frames": evicted, "max_lag_s": self.max_lag_s, "catch_ups": self.catch_ups,
+                "dropped_frames": self.dropped_frames_closed + dropped}
 
     @property
     def subscribers(self) -> int:
@@ -246,6 +172,7 @@ class Hub:
         (nothing but sampler records for `idle_s`), only one flush per `idle_s` makes a frame; the others keep
         the samples for it and return None."""
         with self._flush_lock:
+            stamp = self._clock()           # before the drain: whatever was published earlier is in this frame
             items, self._held = self._held, []
             pending = self._pending
             while pending:
@@ -277,11 +204,18 @@ class Hub:
                     messages.append({"type": "board", "error": f"{type(exc).__name__}: {exc}"})
             if not messages:
                 return None
-            frame = Frame(messages)
+            frame = Frame(messages, t_us=stamp, at=now, last_step=_last_step(items))
             self._last_frame = now
-            for sub in subs:
-                sub._offer(frame)
+            self._offer(frame, subs)
             return frame
+
+    def _offer(self, frame: Frame, subs: list[Subscription]) -> None:
+        ring = self._ring
+        with ring.lock:
+            ring.append(frame, self._wanted_from(subs))
+            ring.trim(self._wanted_from(subs))
+        for sub in subs:
+            sub._notify()
 
     @staticmethod
     def _messages(items: list) -> list:
@@ -317,6 +251,11 @@ class Hub:
             subs = list(self._subs)
         for sub in subs:
             sub.close()
+
+
+def _last_step(items: list) -> int | None:
+    steps = [obj.get("step") for kind, obj in items if kind == "step" and isinstance(obj, dict)]
+    return max((n for n in steps if isinstance(n, int)), default=None)
 
 
 def request_view(req: dict) -> dict:

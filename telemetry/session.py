@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from .catchup import catch_up
 from .collector import CollectorPauses
 from .export import build_timeline, created_now, shift_records
 from .hub import MAX_SUBSCRIBERS, Hub, request_view
@@ -62,7 +63,8 @@ class Telemetry:
         self._closed = False
         self._board_cache: dict = {}        # the live board's figures of a mode whose stretch is over
 
-        self.hub = Hub(stats=self._live_stats, board=self.live_board, hz=hub_hz, max_pending=hub_max_pending, max_subscribers=max_subscribers)
+        self.hub = Hub(stats=self._live_stats, board=self.live_board, hz=hub_hz, max_pending=hub_max_pending,
+                       max_subscribers=max_subscribers, catch_up=self._catch_up, clock=self.now_us)
         self.collector = CollectorPauses()
         self.totals = Totals(self.info, bandwidth_gbps)
         self.recorder = Recorder(self.origin_ns, ring_steps=ring_steps, ring_requests=ring_requests,
@@ -182,6 +184,10 @@ class Telemetry:
             steps_per_s=round(fig["window_steps"] / (width / 1e6), 2) if width else None,
             tokens_per_s=fig["tokens_per_s"], busy_pct_1s=fig["busy_pct"],
             window_s=round(width / 1e6, 3) if width else None, subscribers=self.hub.subscribers, error=error))
+
+    def _catch_up(self, since_us: float, after_step: int | None) -> dict:
+        """The body of a "catch_up" message for a viewer that skipped frames (catchup.py; off the event loop)."""
+        return catch_up(self.recorder, self.now_us(), since_us, after_step)
 
     def live_board(self) -> dict:
         """The scoreboard over the live ring (figures.board): each mode's newest stretch, warm-up left out."""

@@ -46,3 +46,28 @@ def test_the_engine_packs_every_linear_on_cpu_and_not_when_told_not_to(tmp_path)
                 assert not packed and all(m.packed is None for m in merged.values())
             outs[fast] = [o.token_ids for o in eng.generate(prompts, params)]
     assert outs[True] == outs[False]
+
+
+def test_any_row_count_reaches_onednn_as_one_of_a_few_shapes(monkeypatch):
+    """oneDNN keeps a compiled primitive per input shape (about 0.6 MB each, up to 1,024 of them in each of two
+    caches): every row count from 1 to 600 must come down to a bounded set of shapes, with the same outputs."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(48, 40), torch.randn(48)
+    packed = cpu_gemm.PackedWeight(weight, bias)
+    shapes = set()
+    real = cpu_gemm._linear
+
+    def spy(x, w, b):
+        shapes.add(tuple(x.shape))
+        return real(x, w, b)
+
+    monkeypatch.setattr(cpu_gemm, "_linear", spy)
+    for rows in range(1, 601):
+        x = torch.randn(rows, 40)
+        torch.testing.assert_close(packed(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    assert len(shapes) <= 28, sorted(shapes)
+    assert max(s[0] for s in shapes) == cpu_gemm.CHUNK_ROWS
+    for x in (torch.randn(1, 300, 40), torch.randn(1, 13, 40)):   # the model's (1, tokens, hidden)
+        torch.testing.assert_close(packed(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    assert [cpu_gemm.padded_rows(n) for n in (0, 1, 8, 9, 13, 17, 33, 64, 65, 100, 129, 256)] == \
+        [0, 1, 8, 10, 14, 20, 40, 64, 80, 112, 160, 256]

@@ -205,3 +205,122 @@ def test_an_idle_engine_makes_one_frame_a_second_and_new_work_goes_out_at_once()
     assert hub.flush() is not None                           # still active: every flush sends
     hub.close()
     del sub
+
+
+def test_viewers_together_hold_at_most_the_cap_and_a_stalled_one_resumes_on_recent_frames():
+    """Fifty viewers, ten of them stalled (joining at different times), frames of 50 KB: the frames held for all
+    of them together stay under the one cap, and a stalled viewer that resumes skips to frames of the last
+    `max_lag_s`, after a dropped notice and a catch-up that says what it had read."""
+    cap, lag = 1 << 20, 0.05
+    calls = []
+    hub = Hub(start=False, max_queue_bytes=cap, max_lag_s=lag, clock=time.monotonic,
+              catch_up=lambda since, step: calls.append((since, step)) or {"steps": []})
+    readers = [hub.subscribe() for _ in range(40)]
+    stalled = []
+    pad = "x" * 50_000
+    for i in range(120):
+        if i % 10 == 0 and len(stalled) < 10:
+            stalled.append(hub.subscribe())
+        hub.publish("step", {"step": i, "t": time.monotonic(), "pad": pad})
+        hub.flush()
+        for r in readers[:-1] if i >= 60 else readers:      # the last reader stops after step 59
+            while r.get_nowait() is not None:
+                pass
+        assert hub.status()["queued_bytes"] <= cap + 60_000, i
+        time.sleep(0.01)
+    newest = time.monotonic()
+    assert all(r.dropped_frames == 0 for r in readers[:-1])
+    batch = stalled[0].get_nowait()
+    assert batch[0]["type"] == "dropped" and batch[0]["frames"] > 100
+    assert batch[1] == {"type": "catch_up", "steps": []}
+    (step,) = batch[2]["steps"]
+    assert newest - step["t"] <= lag + 0.03, (newest - step["t"], step["step"])      # recent, not stale
+    assert calls[-1][1] is None                         # it had read no step
+    batch = readers[-1].get_nowait()
+    assert batch[0]["type"] == "dropped" and batch[2]["steps"][0]["step"] > 100
+    assert calls[-1][1] == 59                           # the catch-up starts after the last step it read
+    assert hub.status()["catch_ups"] == 2
+    hub.close()
+
+
+class Page:
+    """What the page keeps of the feed (assets/js/feed.js): steps in order, each request's latest state, switches."""
+
+    def __init__(self):
+        self.steps, self.requests, self.switches, self.types = [], {}, set(), []
+
+    def take(self, msgs: list) -> None:
+        for m in msgs:
+            self.types.append(m["type"])
+            for rec in m.get("steps") or []:
+                if not self.steps or rec["step"] > self.steps[-1]:
+                    self.steps.append(rec["step"])
+            for rec in m.get("requests") or []:
+                self.requests[rec["id"]] = rec
+            if m["type"] == "mode":
+                self.switches.add((m["step"], m["to"]))
+            for c in m.get("mode_changes") or []:
+                self.switches.add((c["step"], c["to"]))
+
+
+def test_a_viewer_that_fell_behind_catches_up_on_requests_and_switches():
+    """A viewer that skipped frames must not keep requests that finished in them as running, nor miss a switch:
+    the catch-up carries every request finished since its last frame, those running, and the switches."""
+    eng = SyntheticEngine(gpu=False, mode="sync")
+    tel = Telemetry(eng, nvml_hz=0, hub_hz=0.2)          # flushed by hand below
+    sub = tel.hub.subscribe(max_queue=3)
+    page = Page()
+    eng.submit(2, prompt_tokens=8, max_new_tokens=2)
+    eng.run()
+    tel.hub.flush()
+    while (msgs := sub.get_nowait()) is not None:
+        page.take(msgs)
+    read_up_to = page.steps[-1]
+    for i in range(12):                                 # frames it does not read
+        if i == 6:
+            eng.set_mode("async")
+        eng.submit(2, prompt_tokens=8, max_new_tokens=3)
+        eng.run(max_steps=2)
+        tel.hub.flush()
+    eng.run()
+    tel.hub.flush()
+    first = sub.get_nowait()
+    assert [m["type"] for m in first[:2]] == ["dropped", "catch_up"]
+    catch_up = first[1]
+    assert catch_up["gap"] is None or catch_up["gap"]["first_step"] == read_up_to + 1
+    page.take(first)
+    while (msgs := sub.get_nowait()) is not None:
+        page.take(msgs)
+    finished = {r["id"] for r in tel.recorder.requests}
+    assert len(finished) == 26 and set(page.requests) == finished
+    assert all(page.requests[rid]["state"] == "finished" for rid in finished)
+    assert all(len(page.requests[rid]["token_us"]) == page.requests[rid]["output_tokens"] for rid in finished)
+    assert {(c["step"], c["to"]) for c in tel.recorder.mode_changes} <= page.switches
+    assert page.steps[-1] == tel.recorder.last_step
+    tel.close()
+
+
+def test_a_catch_up_sends_the_live_edge_and_names_the_gap():
+    """Steps 0-99 end 0.1 s apart up to now: a viewer that read up to step 40 gets the last 2 s of steps (79-99),
+    told that 41-78 are a gap; requests finished since its last frame and those running; switches since then."""
+    from types import SimpleNamespace
+
+    from batchscope.telemetry.catchup import catch_up
+
+    now = 10e6
+    steps = [{"step": n, "cpu": {"schedule": [now - (99 - n) * 1e5 - 50, now - (99 - n) * 1e5]}} for n in range(100)]
+    done = [{"id": f"r{n}", "finish_us": now - (9 - n) * 1e6, "token_us": [1.0], "output_tokens": 1} for n in range(10)]
+    running = [{"id": "r10", "finish_us": None, "first_token_us": 5.0, "token_us": [5.0]}]
+    rec = SimpleNamespace(steps=steps, last_step=99, requests=done, active_requests=lambda: running, rank_steps=[],
+                          nvml=[{"t_us": now - 3e6}, {"t_us": now - 0.5e6}],
+                          mode_changes=[{"t_us": now - 6e6, "step": 40, "from": "sync", "to": "async"},
+                                        {"t_us": now - 1e6, "step": 90, "from": "async", "to": "sync"}])
+    body = catch_up(rec, now, since_us=now - 4.5e6, after_step=40)
+    assert [s["step"] for s in body["steps"]] == list(range(79, 100))
+    assert body["gap"] == {"first_step": 41, "last_step": 78, "steps": 38}
+    assert [(r["id"], r["state"]) for r in body["requests"]] == [(f"r{n}", "finished") for n in range(5, 10)] + \
+        [("r10", "decoding")]
+    assert [m["step"] for m in body["mode_changes"]] == [90]
+    assert body["nvml"] == [{"t_us": now - 0.5e6}]
+    assert catch_up(rec, now, since_us=now, after_step=99)["gap"] is None and \
+        catch_up(rec, now, since_us=now, after_step=99)["steps"] == []

@@ -157,6 +157,9 @@ def _viewers(run: SoakRun) -> dict:
         "messages_min": min((sum(v.messages.values()) for v in viewers if not v.stalled), default=None),
         "messages_total": sum(sum(v.messages.values()) for v in viewers),
         "dropped_frames_total": sum(v.dropped_frames for v in viewers),
+        "catch_ups_total": sum(v.messages.get("catch_up", 0) for v in viewers),
+        "hub_queued_bytes_max": max((x["hub_queued_bytes"] for x in run.samples
+                                     if isinstance(x.get("hub_queued_bytes"), int)), default=None),
         "mode_changes_seen_max": max((v.modes_seen for v in viewers), default=None),
         "preempted_requests_seen": len(preempted),
         "stalled_viewer": None if not stalled else
@@ -210,7 +213,8 @@ def format_report(res: dict) -> str:
         f"mode flips {res['mode_flips']['done']} (every {res['mode_flips']['every_s']} s, "
         f"{res['mode_flips']['errors']} failed)",
         f"viewers    {v['started']}" + (f" ({v['note']})" if v["note"] else "") +
-        (f": min {v['messages_min']} messages per reader, {v['dropped_frames_total']} frames dropped, the "
+        (f": min {v['messages_min']} messages per reader, {v['dropped_frames_total']} frames dropped "
+         f"({v['catch_ups_total']} catch-ups), the "
          f"stalled one {v['stalled_viewer']}, server counted {v['server_count_at_end']} at the end; "
          f"{v['preempted_requests_seen']} preempted requests seen" if v["started"] else ""),
         f"server RSS start {mb(rss['start'])}, end {mb(rss['end'])}, growth "

@@ -124,7 +124,8 @@ class StatusSampler:
                              "rss_mb": st.get("rss_mb"), "kv_blocks_used": st.get("kv_blocks_used"),
                              "queue": st.get("queue"), "running": st.get("running"), "inflight": st.get("inflight"),
                              "mode": st.get("mode"), "viewers": hub.get("subscribers"),
-                             "hub_dropped_frames": hub.get("dropped_frames")})
+                             "hub_dropped_frames": hub.get("dropped_frames"),
+                             "hub_queued_bytes": hub.get("queued_bytes")})
         return self.samples[-1]
 
 

@@ -107,6 +107,6 @@ class Viewer(threading.Thread):
                 self.dropped_frames += int(msg.get("frames") or 0)
             elif kind == "mode":
                 self.modes_seen += 1
-            elif kind == "steps":
+            elif kind in ("steps", "catch_up"):     # a catch-up (after a skip) carries the newest steps
                 for s in msg.get("steps") or []:
                     self.preempted.update(s.get("preempted") or ())

@@ -405,10 +405,22 @@ export function handle(m, header) {
       header.showStats(m);
       header.showRequests(recentLatency());      // a few times a second: the window slides on
       break;
-    case "dropped":                     // the server's queue for this viewer overflowed
+    case "dropped":                     // this viewer fell behind: the server skipped it to the newest frames
       state.dropped += m.frames;
       setText("bs-dropped", state.dropped + " frames dropped (slow link)");
       break;
+    case "catch_up": {                  // after "dropped": what the skipped frames held that the picture needs
+      addSteps(m.steps);                // the newest steps; those of m.gap are not drawn
+      addRankSteps(m.rank_steps);
+      const last = store.nvml.length ? store.nvml[store.nvml.length - 1].t_us : -Infinity;
+      addNvml((m.nvml || []).filter(s => s && s.t_us > last));
+      addRequests(m.requests);          // finished since, and running: the latest state of each
+      for (const c of m.mode_changes || []) addModeChange(c);
+      if (typeof m.t_us === "number") seen(m.t_us);
+      header.showRequests(recentLatency());
+      state.stepGen++; state.gen++; redrawFlags.wake();
+      break;
+    }
   }
   // Live data does not ask for a picture by itself: the redraw scheduler paces pictures by their cost
   // (redraw.js), and the header and counters above are updated as the messages come.
