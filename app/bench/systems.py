@@ -234,7 +234,7 @@ class TransformersRunner:
                  "trace_bytes": os.path.getsize(trace_path), "export_s": round(time.perf_counter() - t0, 3)}
         t0 = time.perf_counter()
         try:
-            timeline = import_trace(trace_path, workers=1)
+            timeline = import_trace(trace_path)
         except TraceImportError as exc:
             return None, {**facts, "error": str(exc)}
         facts["import_s"] = round(time.perf_counter() - t0, 3)
