@@ -166,8 +166,8 @@ def transformers_phases(t: TraceTables, plans: list[StepPlan]) -> tuple[list[Ste
         rows = np.flatnonzero((h.code == 2) & (h.pid == pid) & (h.tid == tid) & (h.start >= s) & (h.start < e))
         rows = rows[np.argsort(h.start[rows], kind="stable")]
         first = {}
-        for phase in ids:
-            mine = rows[np.isin(h.name[rows], list(ids[phase]))] if ids[phase] else rows[:0]
+        for phase, names in ids.items():
+            mine = rows[np.isin(h.name[rows], list(names))] if names else rows[:0]
             if len(mine):
                 first[phase] = [float(h.start[mine[0]]), float(h.end[mine[0]])]
         if "launch" not in first:          # no compute_batch: the innermost _generation_step is the forward
