@@ -92,9 +92,41 @@ def test_each_run_writes_a_valid_timeline(cpu_bench):
             assert sum(s["tokens_out"] for s in timeline["steps"]) == REQUESTS * NEW
             assert {s["mode"] for s in timeline["steps"]} == {run["mode"]}
             assert len(timeline["requests"]) == REQUESTS
-        else:
-            assert timeline["steps"] == [] and timeline["nvml"]     # the sampler kept sampling meanwhile
+        else:       # transformers: its steps from the profiled pass, the NVML samples taken meanwhile
+            assert timeline["meta"]["source"]["engine"] == "transformers" and timeline["nvml"]
 
+
+def test_transformers_steps_are_recorded_and_batchscope_timelines_are_untouched(cpu_bench):
+    """--baseline transformers records transformers' steps (a profiled pass, imported), not only NVML samples."""
+    _, out, result = cpu_bench
+    run = next(r for r in result["runs"] if r["label"] == "transformers-sync")
+    timeline = json.loads(Path(run["timeline"]).read_text())
+    src = timeline["meta"]["source"]
+    assert src["engine"] == "transformers" and src["window"]["pass"] == "profiled"
+    assert src["steps_from"].startswith("transformers' continuous-batching loop")
+    steps = timeline["steps"]
+    # all 4 prompts prefill in one step, then a decode step per further token
+    assert len(steps) == NEW == run["profiled"]["steps"] and src["window"]["new_tokens"] == NEW
+    for s in steps:
+        assert s["compute_us"][1] > s["compute_us"][0] and s["compute_basis"] == "host"
+        assert s["cpu"]["launch"] == s["compute_us"] and {"schedule", "update"} <= set(s["cpu"])
+    assert all(s["gpu_idle_before_us"] is not None for s in steps[1:])
+    # what a trace cannot say is said, not guessed
+    assert {"prefill_tokens", "decode_tokens"} <= set(src["unknown"])
+    assert 0 < run["gpu_busy_pct"] <= 100 and run["busy_basis"] == "host"
+    assert run["profiled"]["profiler_cost_pct"] is not None and run["profiled"]["trace_bytes"] > 0
+    assert Path(run["profiled"]["trace"]).parent == out.parent
+    for ours in (r for r in result["runs"] if r["system"] == "batchscope"):
+        tl = json.loads(Path(ours["timeline"]).read_text())
+        assert "source" not in tl["meta"] and "profiled" not in ours          # telemetry's own recording
+        assert len(tl["steps"]) == ours["steps"] and tl["meta"]["recording"]["name"] == ours["label"]
+
+
+def test_baseline_profile_steps_defaults_to_32_and_0_turns_it_off(tmp_path):
+    args = bench.settle_workload(bench.complete(bench.build_parser().parse_args(
+        CPU_ARGS + ["--baseline", "transformers", "--baseline-profile-steps", "0", "--out", str(tmp_path / "b.json")])))
+    assert args.baseline_profile_steps == 0
+    assert bench.build_parser().parse_args(CPU_ARGS).baseline_profile_steps == 32
 
 def test_table_is_printed_last(cpu_bench):
     _, _, result = cpu_bench

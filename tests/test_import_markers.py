@@ -94,6 +94,38 @@ def test_transformers_loop_turns_are_steps_and_its_functions_are_phases(tmp_path
     assert {s["mode"] for s in steps} == {"sync"}
 
 
+
+def test_a_cpu_only_transformers_trace_is_timed_on_its_host_and_idle_turns_are_no_steps(tmp_path):
+    """transformers on a CPU (5.2x: compute_batch inside _generation_step): no device, so each step's compute is
+    its compute_batch range and its phases are its loop functions; a turn that only waited is not a step."""
+    tr = KinetoTrace()
+    tr.python(CB + "continuous_api.py(1081): _generation_loop_body", 0, 50)        # waiting for requests
+    tr.python(CB + "continuous_api.py(482): prepare_next_batch", 0, 5)
+    for k in range(3):
+        t0 = 100 + 100 * k
+        tr.python(CB + "continuous_api.py(1081): _generation_loop_body", t0, 95)
+        tr.python(CB + "continuous_api.py(482): prepare_next_batch", t0, 20)
+        tr.python(CB + "scheduler.py(341): schedule_batch", t0 + 2, 6)
+        tr.python(CB + "input_outputs.py(333): prepare_batch_tensors", t0 + 10, 8)
+        tr.python(CB + "continuous_api.py(1156): _generation_step", t0 + 20, 50)
+        tr.python(CB + "continuous_api.py(635): _generation_step", t0 + 21, 48)
+        tr.python(CB + "model_runner.py(126): compute_batch", t0 + 25, 40)
+        tr.cpu_op("aten::mm", t0 + 30, 30)
+        tr.python(CB + "input_outputs.py(319): retrieve_device_outputs", t0 + 66, 2)
+        tr.python(CB + "continuous_api.py(538): update_batch", t0 + 70, 20)
+    tl = imported(tr, tmp_path)
+    src = tl["meta"]["source"]
+    assert src["engine"] == "transformers" and tl["meta"]["device"] == "cpu"
+    steps = tl["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert any("1 turn(s) of transformers' loop ran no forward" in n for n in src["notes"])
+    s1 = steps[1]
+    assert s1["compute_us"] == [225, 265] and s1["compute_basis"] == "host"
+    assert s1["cpu"] == {"schedule": [200, 210], "fill": [210, 218], "launch": [225, 265], "wait": [266, 268],
+                         "update": [270, 290]}
+    assert s1["gpu_idle_before_us"] == 60.0             # the previous compute_batch ended at 165
+    assert tl["summary"]["busy_basis"] == "host" and tl["summary"]["busy_pct"] > 0
+
 def test_numbered_annotations_give_steps_their_numbers(tmp_path):
     tr = KinetoTrace()
     tr.annotation("step_7", 0, 50)

@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", type=_modes, default=list(MODES), help="comma-separated, e.g. sync,async")
     p.add_argument("--baseline", default="none", choices=["none", "transformers"],
                    help="also time transformers' continuous batching (generate_batch, async off and on)")
+    p.add_argument("--baseline-profile-steps", type=non_negative_int, default=32,
+                   help="record transformers' steps: after each transformers run, a pass of N new tokens per "
+                        "request (about N steps) under torch.profiler, imported into the run's timeline; 0: none")
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="timed rounds; the order reverses every other round; the table shows medians")
     p.add_argument("--seed", type=int, default=0, help="seeds the prompts and the random presets' weights")
@@ -77,6 +80,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
     return v
 
 

@@ -181,6 +181,8 @@ def _timed_run(args, bs: BatchscopeRunner, tf: TransformersRunner | None, rep: i
             bs.tel.stop_recording()
             nv, timeline = nvml_window(bs.tel, name, m.pop("decode_window"))
             m.update(nv)
+            if args.baseline_profile_steps:
+                timeline = _profiled_timeline(args, bs, tf, label, name, prompts, m) or timeline
         else:
             m.pop("decode_window")
     m.update(label=label, repeat=rep, floor_ms_per_step=floor["ms_per_step"],
@@ -189,6 +191,75 @@ def _timed_run(args, bs: BatchscopeRunner, tf: TransformersRunner | None, rep: i
     if timeline is not None:
         m["timeline"] = str(_write_json(_timeline_path(args.out, name), timeline))
     return m
+
+
+def _profiled_timeline(args, bs: BatchscopeRunner, tf: TransformersRunner, label: str, name: str, prompts,
+                       m: dict) -> dict | None:
+    """transformers' steps for the run's timeline: a profiled pass over the run's first steps
+    (TransformersRunner.profiled_pass), with the NVML samples telemetry took meanwhile moved onto the trace's
+    clock. Adds m["profiled"] (the pass: steps, ms/step, what the profiler cost, the trace) and the busy figure
+    over its steps; None (the NVML-only timeline stays) where its steps could not be recorded."""
+    from .steps import busy_figures
+
+    steps = min(args.baseline_profile_steps, args.new_tokens)
+    _say(f"{name}: recording its steps: a profiled pass of {steps} new tokens per request")
+    recording = f"{name}.profiled"
+    bs.tel.start_recording(recording)
+    try:
+        timeline, facts = tf.profiled_pass(label, prompts, steps, str(_trace_path(args.out, name)))
+    finally:
+        bs.tel.stop_recording()
+    m["profiled"] = facts
+    if timeline is None:
+        _say(f"{name}: its steps are not recorded: {facts['error']}")
+        return None
+    _add_nvml(timeline, bs.tel.timeline(recording))
+    busy = busy_figures(timeline["steps"])
+    period = (timeline["summary"].get("step_ms") or {}).get("p50")
+    plain = m.get("decode_ms_per_step")
+    facts.update(steps=len(timeline["steps"]), ms_per_step_p50=period,
+                 # the profiled pass's median step period against the unprofiled run's median decode period
+                 profiler_cost_pct=round(100.0 * (period / plain - 1), 1) if period and plain else None)
+    m.update(gpu_busy_pct=busy["busy_pct"], busy_basis=busy["busy_basis"],
+             busy_window="every step of the profiled pass (the trace does not say which step prefilled)")
+    meta = timeline["meta"]
+    meta.update(model=args.model, dtype=args.dtype)
+    meta["source"]["window"] = {
+        "pass": "profiled", "of_run": name, "new_tokens": steps, "requests": len(prompts),
+        "note": "the same prompts as the timed run, run again under torch.profiler (with_stack, every thread) for "
+                f"{steps} new tokens each: the timed run's first steps; the timed run itself is not profiled"}
+    _say(f"{name}: {len(timeline['steps'])} steps recorded, busy {busy['busy_pct']}% ({busy['busy_basis']}); "
+         f"profiled steps {facts['profiler_cost_pct']}% slower than the run's")
+    return timeline
+
+
+def _add_nvml(timeline: dict, recorded: dict) -> None:
+    """The NVML samples of a telemetry recording, onto an imported timeline's clock (both origins are wall-clock
+    times), and the summary's NVML figures from them. Left empty where the trace's clock is unknown."""
+    from batchscope.telemetry import summarize
+
+    theirs, ours = timeline["meta"].get("origin", {}).get("unix_s"), recorded["meta"]["origin"].get("unix_s")
+    if theirs is None or ours is None:
+        return
+    d = (ours - theirs) * 1e6
+    moved = []
+    for sample in recorded["nvml"]:
+        sample = {**sample, "t_us": round(sample["t_us"] + d, 1)}
+        if sample.get("fine"):
+            sample["fine"] = [[round(t + d, 1), *rest] for t, *rest in sample["fine"]]
+        moved.append(sample)
+    timeline["nvml"] = moved
+    s = summarize(timeline["steps"], [], moved, rank_steps=timeline.get("rank_steps") or ())
+    timeline["summary"].update({k: s.get(k) for k in _NVML_SUMMARY if k in s})
+
+
+_NVML_SUMMARY = ("gpu_util_mean", "mem_util_mean", "power_w_mean", "sm_clock_mhz_mean", "cpu_pct_mean",
+                 "proc_cpu_pct_mean", "nvml_samples")
+
+
+def _trace_path(out: str, name: str) -> Path:
+    out = Path(out)
+    return out.with_name(f"{out.stem}.{name}.pt.trace.json.gz")
 
 
 def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) -> dict:
@@ -243,7 +314,8 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
                                          "down under sustained load; none on CPU",
             "sm_clock_mhz": "NVML SM clock, and power_w the board's power draw, averaged over the decode window",
             "gpu_busy_pct": "union of the decode steps' compute spans (CUDA events; host launch spans on CPU) "
-                            "over the decode window; none for transformers, whose loop records no events",
+                            "over the decode window; for transformers, of every step of its profiled pass "
+                            "(kernels from the trace; compute_batch ranges on CPU), none without it",
             "nvml_util_pct": "NVML utilization: the share of a 1/6-1 s window in which any kernel ran; it cannot "
                              "see sub-millisecond gaps between steps",
         },

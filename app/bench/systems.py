@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import os
 import statistics
 import threading
 import time
@@ -204,6 +205,41 @@ class TransformersRunner:
         call_s = time.perf_counter() - t0
         return self._metrics(label, [done[i] for i in ids if i in done], list(new_tokens), call_s)
 
+    def profiled_pass(self, label: str, prompts, steps: int, trace_path: str) -> tuple[dict | None, dict]:
+        """transformers' steps, recorded: the same prompts again, `steps` new tokens each (all requests start
+        together, so that is `steps` steps when the prompts fit one prefill step), under torch.profiler with Python
+        stacks of every thread, the trace imported by batchscope's importer. The profiler starts once the manager's
+        loop thread exists (its Python stacks, which hold the step markers, are recorded only for threads that
+        existed when it started) and stops after the last result. Returns (timeline or None, facts); where the
+        trace cannot be imported, facts["error"] says why and there is no timeline."""
+        from batchscope.telemetry.importers import TraceImportError, import_trace
+
+        gen, cb = self._configs(label, steps)
+        hints = _workload_hints(max(len(p) for p in prompts), steps, len(prompts))
+        prof = _profiler(self.cuda)
+        with self.model.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=cb,
+                                                            block=True, timeout=5, **hints) as manager:
+            prof.start()
+            try:
+                t0 = time.perf_counter()
+                ids = [manager.add_request(p, request_id=f"req_{i}", max_new_tokens=steps)
+                       for i, p in enumerate(prompts)]
+                _collect(manager, [i for i in ids if i is not None])
+                wall_s = time.perf_counter() - t0
+            finally:
+                prof.stop()
+        t0 = time.perf_counter()
+        prof.export_chrome_trace(trace_path)
+        facts = {"new_tokens": steps, "wall_s": round(wall_s, 6), "trace": trace_path,
+                 "trace_bytes": os.path.getsize(trace_path), "export_s": round(time.perf_counter() - t0, 3)}
+        t0 = time.perf_counter()
+        try:
+            timeline = import_trace(trace_path)
+        except TraceImportError as exc:
+            return None, {**facts, "error": str(exc)}
+        facts["import_s"] = round(time.perf_counter() - t0, 3)
+        return timeline, facts
+
     def _metrics(self, label: str, outs: list, wanted: list[int], call_s: float) -> dict:
         """One run's metrics from transformers' outputs (in request order) and the lengths each should have."""
         lengths = [len(o.generated_tokens) for o in outs]
@@ -233,6 +269,31 @@ class TransformersRunner:
         gc.collect()
         if self.cuda:
             torch.cuda.empty_cache()
+
+
+def _profiler(cuda: bool):
+    """torch.profiler over every thread (transformers' loop runs in its own), with Python stacks: its loop's
+    functions are the only step markers it leaves."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    extra = {}
+    try:
+        extra["experimental_config"] = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    except (AttributeError, TypeError):     # an older torch: the loop thread's ops are missing, its steps too
+        pass
+    return profile(activities=activities, with_stack=True, record_shapes=False, **extra)
+
+
+def _collect(manager, ids: list, timeout_s: float = 1.0) -> None:
+    """Wait until every request in `ids` has finished (or the loop died)."""
+    done: set = set()
+    while len(done) < len(ids):
+        r = manager.get_result(timeout=timeout_s)
+        if r is None and not manager.is_running():
+            return
+        if r is not None and r.is_finished():
+            done.add(r.request_id)
 
 
 def _workload_hints(max_prompt: int, max_new: int, requests: int) -> dict:

@@ -2,8 +2,9 @@
 and the gaps before and inside it, every host-late part attributed to what its launching thread was doing.
 
 A CPU-only trace of batchscope's own engine is timed as batchscope times itself on a CPU: each step's compute
-is its launch range (the forward runs inside it), and the gaps between launches are the engine thread's. Any
-other trace without device activity is refused: there is no device idle time to name.
+is its launch range (the forward runs inside it), and the gaps between launches are the engine thread's. So is
+one of transformers' continuous batching with Python stacks (its loop's functions give the phases, compute_batch
+the launch). Any other trace without device activity is refused: there is no device idle time to name.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .errors import NoDeviceActivityError
 from .gaps import Gap, GapFinder, resolve
 from .inference import infer_steps
 from .markers import DESCRIPTION, capture_annotations, find_markers, step_marker_names
-from .plans import StepPlan, from_markers
+from .plans import StepPlan, from_markers, transformers_phases
 from .spans import StepSpans, assign_ops, step_spans
 from .tables import TraceTables
 
@@ -57,11 +58,16 @@ def analyse(t: TraceTables, keep_stretches: bool = False) -> FileAnalysis:
         notes.append("CUDA-graph capture annotations found: kernels recorded while a graph is captured never ran, "
                      "so this trace's idle time says nothing about serving")
     if not len(devices):
-        if kind != "batchscope":
+        if kind not in ("batchscope", "transformers"):
             raise NoDeviceActivityError(f"{t.path}: no device activity: the trace has no kernel, copy or memset "
                                         f"(a CPU-only profile), so there is no device idle time to name")
-        plans, _ = from_markers(t, kind, markers)
-        fa = FileAnalysis(t, plans, engine, evidence, DESCRIPTION[kind], host_basis=True, notes=notes)
+        plans, more = from_markers(t, kind, markers)
+        if kind == "transformers":          # its loop's Python functions give each turn's phases
+            plans, more = transformers_phases(t, plans)
+            if not plans:
+                raise NoDeviceActivityError(f"{t.path}: no device activity and no turn of transformers' loop ran "
+                                            f"a forward in the trace: no step to time")
+        fa = FileAnalysis(t, plans, engine, evidence, DESCRIPTION[kind], host_basis=True, notes=notes + more)
         fa.notes.append("no device activity (a CPU-only profile): each step's compute is its launch range, as "
                         "batchscope times itself on a CPU")
         fa.lanes = [_host_lane(t, plans)]

@@ -11,6 +11,7 @@ just after the marked span (vLLM's sampling runs outside `execute_model`'s annot
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -132,3 +133,65 @@ def _add_device_twins(t: TraceTables, ms: list[Marker], plans: list[StepPlan]) -
 
 def _brief(nums: list[int]) -> str:
     return ", ".join(map(str, nums[:6])) + (", ..." if len(nums) > 6 else "")
+
+
+# transformers' continuous batching: the Python functions of one loop turn, in loop order (`launch` is the forward
+# and sampling; `_generation_step` stands in where a version has no `compute_batch`)
+_TF = r"continuous_batching/"
+_TF_PHASES = (("schedule", re.compile(_TF + r"continuous_api\.py\(\d+\): prepare_next_batch$")),
+              ("fill", re.compile(_TF + r"input_outputs\.py\(\d+\): prepare_batch_tensors$")),
+              ("launch", re.compile(_TF + r"model_runner\.py\(\d+\): compute_batch$")),
+              ("wait", re.compile(_TF + r"input_outputs\.py\(\d+\): retrieve_device_outputs$")),
+              ("update", re.compile(_TF + r"continuous_api\.py\(\d+\): update_batch$")))
+_TF_STEP = re.compile(_TF + r"continuous_api\.py\(\d+\): _generation_step$")
+
+
+def transformers_phases(t: TraceTables, plans: list[StepPlan]) -> tuple[list[StepPlan], list[str]]:
+    """A CPU-only transformers trace: each loop turn's host phases from its Python function rows on the loop's
+    thread (schedule = prepare_next_batch up to prepare_batch_tensors, fill = prepare_batch_tensors, launch =
+    compute_batch, wait = retrieve_device_outputs, update = update_batch). A turn that ran no forward (the loop
+    waiting for requests) is no step: left out, and said so. Kept steps are numbered from 0 in order."""
+    ids: dict[str, set[int]] = {p: set() for p, _ in _TF_PHASES}
+    step_ids = set()
+    for nid, name in enumerate(t.names):
+        if _TF_STEP.search(name):
+            step_ids.add(nid)
+        for phase, pattern in _TF_PHASES:
+            if pattern.search(name):
+                ids[phase].add(nid)
+    h = t.host
+    kept, idle, unordered = [], 0, 0
+    for plan in plans:
+        (s, e), (pid, tid) = plan.host_windows[0], plan.thread
+        rows = np.flatnonzero((h.code == 2) & (h.pid == pid) & (h.tid == tid) & (h.start >= s) & (h.start < e))
+        rows = rows[np.argsort(h.start[rows], kind="stable")]
+        first = {}
+        for phase, names in ids.items():
+            mine = rows[np.isin(h.name[rows], list(names))] if names else rows[:0]
+            if len(mine):
+                first[phase] = [float(h.start[mine[0]]), float(h.end[mine[0]])]
+        if "launch" not in first:          # no compute_batch: the innermost _generation_step is the forward
+            steps = rows[np.isin(h.name[rows], list(step_ids))] if step_ids else rows[:0]
+            if len(steps):
+                first["launch"] = [float(h.start[steps[-1]]), float(h.end[steps[-1]])]
+        if "launch" not in first:
+            idle += 1
+            continue
+        if "schedule" in first and "fill" in first:
+            first["schedule"][1] = min(first["schedule"][1], first["fill"][0])
+        phases, prev_end = {}, None
+        for phase in HOST_PHASES:          # in loop order; a span that would overlap the one before is left out
+            span = first.get(phase)
+            if span is not None and (prev_end is None or span[0] >= prev_end):
+                phases[phase] = span
+                prev_end = span[1]
+        if "launch" not in phases:         # its forward overlaps the phase before: no span to trust
+            unordered += 1
+            continue
+        plan.phases = phases
+        plan.number = len(kept)
+        kept.append(plan)
+    notes = [f"{idle} turn(s) of transformers' loop ran no forward (waiting for requests): not steps"] if idle else []
+    if unordered:
+        notes.append(f"{unordered} step(s) whose forward overlaps their scheduling in the trace: left out")
+    return kept, notes
