@@ -24,42 +24,24 @@ installed.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime as _dt
 import gc
-import importlib.metadata
-import json
 import math
 import random
-import shlex
-import sys
 from pathlib import Path
-
-import torch
 
 from batchscope.engine import EngineConfig
 from batchscope.engine.config import MODES
 
 from .floor import measure_bandwidth, workload_floors
 from .options import build_parser, complete, settle_workload
+from .output import TP_BASELINE_SKIPPED, baseline_labels, plan_order, report_head, say, timeline_path, write_json
 from .report import _digest, _median, disagreeing_runs, format_served_table, format_table
-from .systems import METRICS, TF_VARIANTS, BatchscopeRunner, TransformersRunner, nvml_window
+from .systems import METRICS, BatchscopeRunner, TransformersRunner, nvml_window
 
 BENCH_SCHEMA = "batchscope.bench/1"
-TP_BASELINE_SKIPPED = ("transformers' tensor-parallel path (tp_plan='auto') runs under torchrun, one process per "
-                       "GPU, from a checkpoint on disk: benchmarks/transformers_tp.py measures it on its own")
-
-
-def _say(msg: str) -> None:
-    print(f"batchscope bench: {msg}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- the benchmark
-
-def plan_order(labels: list[str], repeats: int) -> list[tuple[int, str]]:
-    """(repeat, label) in run order: forward on even repeats, reversed on odd ones, so no system always goes
-    first (or always runs on a GPU warmed by the one before)."""
-    return [(r, label) for r in range(repeats) for label in (labels if r % 2 == 0 else labels[::-1])]
 
 
 def default_max_batch_tokens(requests: int, prompt_tokens: int) -> int:
@@ -82,12 +64,12 @@ def run_benchmark(args) -> dict:
 
     device = resolve_device(args.device)
     show = not args.no_progress
-    _say(f"measuring copy bandwidth on {device}")
+    say(f"measuring copy bandwidth on {device}")
     bandwidth = measure_bandwidth(device, args.bandwidth_mib)
-    _say(f"copy bandwidth {bandwidth['gbps']:.1f} GB/s (read + write)")
+    say(f"copy bandwidth {bandwidth['gbps']:.1f} GB/s (read + write)")
     per_request = args.prompt_tokens + args.new_tokens
     config = _engine_config(args, per_request)
-    _say(f"loading {args.model} on {device}")
+    say(f"loading {args.model} on {device}")
     bs = BatchscopeRunner(config, not args.no_telemetry, bandwidth["gbps"], show)
     tf = None
     try:
@@ -95,27 +77,27 @@ def run_benchmark(args) -> dict:
         if per_request > info["max_model_len"]:
             raise ValueError(f"prompt + new tokens ({per_request}) exceed the model's {info['max_model_len']}")
         prompts = make_prompts(args.requests, args.prompt_tokens, info["vocab_size"], args.seed)
-        _say(f"measuring the GEMM peak on {device}")
+        say(f"measuring the GEMM peak on {device}")
         floor = workload_floors(bs.engine.model, info, args.requests, args.prompt_tokens, args.new_tokens,
                                 bandwidth["gbps"])
         held = floor["gemm_peak"]["held_tflops"]
-        _say(f"GEMM peak {floor['gemm_peak']['tflops']:.1f} TFLOP/s ({floor['gemm_peak']['dtype']})"
+        say(f"GEMM peak {floor['gemm_peak']['tflops']:.1f} TFLOP/s ({floor['gemm_peak']['dtype']})"
              + (f", {held:.1f} held under sustained load" if held else ""))
         labels = list(args.modes)
         skipped = {}
         if args.baseline == "transformers" and config.tensor_parallel_size > 1:
             skipped["transformers"] = TP_BASELINE_SKIPPED
-            _say(f"skipping the transformers baseline: {TP_BASELINE_SKIPPED}")
+            say(f"skipping the transformers baseline: {TP_BASELINE_SKIPPED}")
         elif args.baseline == "transformers":
-            _say("loading the same weights for transformers' generate_batch (sdpa)")
+            say("loading the same weights for transformers' generate_batch (sdpa)")
             tf = TransformersRunner(config, config.max_batch_tokens, per_request, args.requests, show,
                                     bs.engine.model)
-            labels += _baseline_labels(tf, skipped)
+            labels += baseline_labels(tf, skipped)
         _warm_up(args, bs, tf, labels, prompts)
         order = plan_order(labels, args.repeats)
         runs = []
         for i, (rep, label) in enumerate(order):
-            _say(f"run {i + 1}/{len(order)}: {label}" + (f" (repeat {rep + 1})" if args.repeats > 1 else ""))
+            say(f"run {i + 1}/{len(order)}: {label}" + (f" (repeat {rep + 1})" if args.repeats > 1 else ""))
             # Earlier runs' tokens and timelines stay until the report: out of the collector's walk, so that a
             # full collection during this run does not stall the engine for them (it did, 50-270 ms, at repeats).
             gc.collect()
@@ -141,24 +123,9 @@ def _engine_config(args, per_request: int) -> EngineConfig:
                         mixed_graphs=not args.no_mixed_graphs).validate()
 
 
-def _baseline_labels(tf: TransformersRunner, skipped: dict) -> list[str]:
-    """The transformers variants this install and device can run; the others go into `skipped` with why."""
-    if not tf.same_weights:
-        _say("warning: transformers' copy of the model has different weights from the engine's")
-    labels = []
-    for label in TF_VARIANTS:
-        reason = tf.skip_reason(label)
-        if reason:
-            skipped[label] = reason
-            _say(f"skipping {label}: {reason}")
-        else:
-            labels.append(label)
-    return labels
-
-
 def _warm_up(args, bs: BatchscopeRunner, tf: TransformersRunner | None, labels: list[str], prompts) -> None:
     warm = min(args.warmup_tokens, args.new_tokens)
-    _say(f"warming up ({warm} new tokens per request, not timed): {', '.join(labels)}")
+    say(f"warming up ({warm} new tokens per request, not timed): {', '.join(labels)}")
     for label in labels:
         if label in MODES:
             bs.warm_up(label, prompts, warm)
@@ -189,7 +156,7 @@ def _timed_run(args, bs: BatchscopeRunner, tf: TransformersRunner | None, rep: i
              roofline_ms_per_step=floor["roofline"]["ms_per_step"],
              roofline_held_ms_per_step=floor["roofline_held"]["ms_per_step"])
     if timeline is not None:
-        m["timeline"] = str(_write_json(_timeline_path(args.out, name), timeline))
+        m["timeline"] = str(write_json(timeline_path(args.out, name), timeline))
     return m
 
 
@@ -202,7 +169,7 @@ def _profiled_timeline(args, bs: BatchscopeRunner, tf: TransformersRunner, label
     from .steps import busy_figures
 
     steps = min(args.baseline_profile_steps, args.new_tokens)
-    _say(f"{name}: recording its steps: a profiled pass of {steps} new tokens per request")
+    say(f"{name}: recording its steps: a profiled pass of {steps} new tokens per request")
     recording = f"{name}.profiled"
     bs.tel.start_recording(recording)
     try:
@@ -211,7 +178,7 @@ def _profiled_timeline(args, bs: BatchscopeRunner, tf: TransformersRunner, label
         bs.tel.stop_recording()
     m["profiled"] = facts
     if timeline is None:
-        _say(f"{name}: its steps are not recorded: {facts['error']}")
+        say(f"{name}: its steps are not recorded: {facts['error']}")
         return None
     _add_nvml(timeline, bs.tel.timeline(recording))
     busy = busy_figures(timeline["steps"])
@@ -228,7 +195,7 @@ def _profiled_timeline(args, bs: BatchscopeRunner, tf: TransformersRunner, label
         "pass": "profiled", "of_run": name, "new_tokens": steps, "requests": len(prompts),
         "note": "the same prompts as the timed run, run again under torch.profiler (with_stack, every thread) for "
                 f"{steps} new tokens each: the timed run's first steps; the timed run itself is not profiled"}
-    _say(f"{name}: {len(timeline['steps'])} steps recorded, busy {busy['busy_pct']}% ({busy['busy_basis']}); "
+    say(f"{name}: {len(timeline['steps'])} steps recorded, busy {busy['busy_pct']}% ({busy['busy_basis']}); "
          f"profiled steps {facts['profiler_cost_pct']}% slower than the run's")
     return timeline
 
@@ -295,7 +262,7 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
         m["speedup"] = results[slowest]["wall_s"] / m["wall_s"] if m["wall_s"] else None
         m.pop("token_ids")
     return {
-        "schema": BENCH_SCHEMA, **_assemble_head(args, info, config, tf),
+        "schema": BENCH_SCHEMA, **report_head(args, info, config, tf),
         "workload": {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
                      "new_tokens": args.new_tokens, "seed": args.seed, "ignore_eos": True, "greedy": True,
                      "warmup_tokens": min(args.warmup_tokens, args.new_tokens)},
@@ -322,40 +289,6 @@ def _assemble(args, bandwidth, floor, info, config, runs, skipped, order, tf) ->
     }
 
 
-def _assemble_head(args, info, config, tf) -> dict:
-    """What every bench result starts with: when, how it was called, on what, with which settings."""
-    return {
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": _command(),
-        "args": {k: v for k, v in vars(args).items() if k != "func"},
-        "device": info["device"], "gpu_name": info.get("gpu_name"),
-        "versions": {"torch": torch.__version__, "transformers": importlib.metadata.version("transformers"),
-                     "cuda": torch.version.cuda},
-        "engine_info": info, "engine_config": dataclasses.asdict(config),
-        "transformers_config": {"num_blocks": tf.num_blocks, "max_batch_tokens": tf.max_batch_tokens,
-                                "attn_implementation": "sdpa", "use_cuda_graph": tf.cuda,
-                                "same_weights": tf.same_weights} if tf else None,
-    }
-
-
-def _command() -> str:
-    """As a user would type it again, whatever path the script ran from (the CLI's own `bench` word dropped)."""
-    args = sys.argv[1:]
-    return shlex.join(["batchscope", "bench", *(args[1:] if args[:1] == ["bench"] else args)])
-
-
-def _timeline_path(out: str, name: str) -> Path:
-    out = Path(out)
-    return out.with_name(f"{out.stem}.{name}.timeline.json")
-
-
-def _write_json(path: Path, obj) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(obj, f, separators=(",", ":"))   # compact: a long run's timeline has tens of thousands of steps
-    return path
-
-
 def main(args=None) -> int:
     """Entry point for `batchscope bench` (app/cli.py passes its Namespace) and for `python -m batchscope.app.bench`."""
     if args is None or isinstance(args, (list, tuple)):
@@ -364,20 +297,20 @@ def main(args=None) -> int:
         args = complete(args)
         result = run_benchmark(args)
     except (ValueError, MemoryError, argparse.ArgumentTypeError) as exc:    # ConfigError is a ValueError too
-        _say(f"error: {exc}")
+        say(f"error: {exc}")
         return 2
-    _write_json(Path(args.out), result)
-    _say(f"wrote {args.out}" + ("" if result["telemetry"] else " (no timelines: telemetry off)"))
+    write_json(Path(args.out), result)
+    say(f"wrote {args.out}" + ("" if result["telemetry"] else " (no timelines: telemetry off)"))
     bad = [k for k, m in result["results"].items() if not m["lengths_ok"]]
     print((format_served_table if result["schema"] != BENCH_SCHEMA else format_table)(result), flush=True)
     if bad:
-        _say(f"outputs of {', '.join(bad)} did not have the requested lengths")
+        say(f"outputs of {', '.join(bad)} did not have the requested lengths")
         return 1
     # served: arrival timing sets the batches, and in bf16 a request's tokens depend on what shares its batch,
     # so the modes need not agree there; the table says how far they do
     differ = disagreeing_runs(result) if result["schema"] == BENCH_SCHEMA else []
     if differ:
-        _say(f"runs {', '.join(differ)} gave other tokens than the first batchscope run (tokens_digest)")
+        say(f"runs {', '.join(differ)} gave other tokens than the first batchscope run (tokens_digest)")
         return 3
     return 0
 

@@ -22,7 +22,7 @@ from batchscope.engine import EngineConfig
 from batchscope.engine.config import MODES
 
 from .floor import measure_bandwidth
-from .run import TP_BASELINE_SKIPPED, _assemble_head, _baseline_labels, _say, _timeline_path, _write_json, plan_order
+from .output import TP_BASELINE_SKIPPED, baseline_labels, plan_order, report_head, say, timeline_path, write_json
 from .served import plan_requests, plan_summary, run_mode
 from .served_figures import (client_figures, finish_run, latency_from_engine, medians, nvml_mean,
                              timeline_figures)
@@ -40,10 +40,10 @@ def run_served(args) -> dict:
 
     device = resolve_device(args.device)
     show = not args.no_progress
-    _say(f"measuring copy bandwidth on {device}")
+    say(f"measuring copy bandwidth on {device}")
     bandwidth = measure_bandwidth(device, args.bandwidth_mib)
     config = served_engine_config(args)
-    _say(f"loading {args.model} on {device}")
+    say(f"loading {args.model} on {device}")
     bs = BatchscopeRunner(config, not args.no_telemetry, bandwidth["gbps"], show)
     tf = None
     try:
@@ -53,20 +53,20 @@ def run_served(args) -> dict:
             raise ValueError(f"the longest prompt plus the most new tokens ({longest}) exceed the model's "
                              f"{info['max_model_len']}")
         plan = plan_requests(args, info["vocab_size"])
-        _say(f"planned {len(plan)} requests over {plan[-1].offset_s:.1f} s ({args.arrival}, {args.rate:g}/s)")
+        say(f"planned {len(plan)} requests over {plan[-1].offset_s:.1f} s ({args.arrival}, {args.rate:g}/s)")
         labels, skipped = list(args.modes), {}
         if args.baseline == "transformers" and config.tensor_parallel_size > 1:
             skipped["transformers"] = TP_BASELINE_SKIPPED
         elif args.baseline == "transformers":
-            _say("loading the same weights for transformers' continuous batching (sdpa)")
+            say("loading the same weights for transformers' continuous batching (sdpa)")
             tf = TransformersRunner(config, config.max_batch_tokens, longest, len(plan), show, bs.engine.model)
-            labels += _baseline_labels(tf, skipped)
-            _say(f"note: {ALL_AT_ONCE}")
+            labels += baseline_labels(tf, skipped)
+            say(f"note: {ALL_AT_ONCE}")
         _warm_up(args, bs, tf, labels, plan)
         order = plan_order(labels, args.repeats)
         runs = []
         for i, (rep, label) in enumerate(order):
-            _say(f"run {i + 1}/{len(order)}: {label}" + (f" (repeat {rep + 1})" if args.repeats > 1 else ""))
+            say(f"run {i + 1}/{len(order)}: {label}" + (f" (repeat {rep + 1})" if args.repeats > 1 else ""))
             gc.collect()
             gc.freeze()     # earlier runs' records stay out of the collector's walk (run.py says why)
             runs.append(_timed(args, bs, tf, rep, label, plan))
@@ -97,7 +97,7 @@ def _warm_up(args, bs, tf, labels, plan) -> None:
     decode batches of the run's sizes, untimed."""
     first = plan[:args.max_running]
     warm = min(args.warmup_tokens, min(p.max_new_tokens for p in first))
-    _say(f"warming up ({len(first)} requests x {warm} new tokens, not timed): {', '.join(labels)}")
+    say(f"warming up ({len(first)} requests x {warm} new tokens, not timed): {', '.join(labels)}")
     prompts = [p.prompt for p in first]
     for label in labels:
         if label in MODES:
@@ -128,7 +128,7 @@ def _timed(args, bs, tf, rep: int, label: str, plan) -> dict:
             m.update(nv)
     m.update(label=label, repeat=rep)
     if timeline is not None:
-        m["timeline"] = str(_write_json(_timeline_path(args.out, name), timeline))
+        m["timeline"] = str(write_json(timeline_path(args.out, name), timeline))
     return m
 
 
@@ -153,7 +153,7 @@ def _assemble(args, bandwidth, info, config, plan, runs, skipped, order, tf) -> 
         mine = [m for m in runs if m["label"] == label]
         results[label] = {**medians(mine), "repeats": len(mine), "lengths_ok": all(m["lengths_ok"] for m in mine)}
     return {
-        "schema": SERVED_SCHEMA, **_assemble_head(args, info, config, tf),
+        "schema": SERVED_SCHEMA, **report_head(args, info, config, tf),
         "workload": {"kind": "served", "requests": args.requests, "rate": args.rate, "arrival": args.arrival,
                      "burstiness": args.burstiness, "prompt_tokens": list(args.prompt_tokens),
                      "new_tokens": list(args.new_tokens), "seed": args.seed, "max_running": args.max_running,
