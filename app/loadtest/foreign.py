@@ -17,10 +17,9 @@ import re
 
 from pydantic import ValidationError
 
-from batchscope.telemetry import percentiles
-
+from .foreign_guidellm import read_guidellm
+from .foreign_points import ReportError, distributions, latency, per_request_figures, point
 from .refusals import validation_reason
-from .sweep_points import MAX_VALUES, meets_slo
 from .sweep_spec import SCHEMA, SLO
 from .sweep_status import SweepPoint
 
@@ -29,10 +28,6 @@ __all__ = ["ReportError", "read_report", "parse_json", "latency", "per_request_f
 VLLM_NEEDS = ("request_throughput", "duration", "completed")
 VLLM_METRICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
 VLLM_PERCENTILE = re.compile(r"^p([0-9.]+)_(ttft|tpot|itl|e2el)_ms$")
-
-
-class ReportError(ValueError):
-    """The report is not what it claims to be (a 400 on upload, a CLI error)."""
 
 
 def parse_json(data) -> object:
@@ -71,7 +66,6 @@ def read_report(data, slo: SLO | None = None) -> dict:
 
 
 def _read(obj, slo: SLO | None) -> dict:
-    from .foreign_guidellm import read_guidellm
 
     if isinstance(obj, dict) and "__json_lines__" in obj:
         return read_vllm(obj["__json_lines__"], slo, "vllm bench serve JSON lines (--append-result)")
@@ -88,56 +82,6 @@ def _read(obj, slo: SLO | None) -> dict:
     keys = ", ".join(sorted(obj)[:8]) or "none"
     raise ReportError("not a GuideLLM report (no 'benchmarks'), a vllm bench serve result (no 'request_throughput') "
                       f"or a {SCHEMA} file (no 'schema'); its top-level keys: {keys}")
-
-
-# ------------------------------------------------------------------------------------------------ shared
-
-def latency(values) -> dict:
-    """{p50, p90, p99, mean, n} of raw values (ms), as our own points have them."""
-    p = percentiles([v for v in values if v is not None and not _nan(v)])
-    return {"p50": p["p50"], "p90": p["p90"], "p99": p["p99"], "mean": p["mean"], "n": p["n"]}
-
-
-def _nan(v) -> bool:
-    return isinstance(v, float) and math.isnan(v)
-
-
-def empty_latency() -> dict:
-    return {"p50": None, "p90": None, "p99": None, "mean": None, "n": 0}
-
-
-def capped(values: list) -> list:
-    """At most MAX_VALUES of them, evenly strided (reports are already samples; no need for a random one)."""
-    if len(values) <= MAX_VALUES:
-        return values
-    step = len(values) / MAX_VALUES
-    return [values[int(i * step)] for i in range(MAX_VALUES)]
-
-
-def per_request_figures(per: list[dict], duration_s: float | None, slo: SLO | None) -> dict:
-    """Attainment and goodput from per-request {ttft_ms, tpot_ms, e2e_ms}, with our SLO; {} without either."""
-    if not per or slo is None:
-        return {}
-    good = sum(meets_slo(r, slo) for r in per)
-    return {"slo_attainment": good / len(per),
-            "goodput_rps": good / duration_s if duration_s else None}
-
-
-def point(series: str, index: int, **fields) -> dict:
-    base = {"index": index, "mode": series, "kind": "constant", "offered_rate": None, "concurrency": None,
-            "complete": True, "requests_per_s": None, "output_tokens_per_s": None, "slo_attainment": None,
-            "goodput_rps": None}
-    base.update(fields)
-    for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-        base.setdefault(k, empty_latency())
-    return base
-
-
-def distributions(per: list[dict], itl: list[float]) -> dict:
-    out = {k: capped([r.get(k) for r in per]) for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
-    out["itl_ms"] = capped(itl)
-    out["n"] = {"ttft_ms": len(per), "tpot_ms": len(per), "e2e_ms": len(per), "itl_ms": len(itl)}
-    return out
 
 
 # ------------------------------------------------------------------------------------------- batchscope
