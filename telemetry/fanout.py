@@ -16,10 +16,7 @@ import asyncio
 import json
 import threading
 from collections import deque
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .hub import Hub
+from typing import Protocol
 
 
 class Frame:
@@ -120,12 +117,24 @@ def _dropped_notice(frames: int, total: int) -> dict:
     return {"type": "dropped", "frames": frames, "total_frames": total}
 
 
+class Feed(Protocol):
+    """What a Subscription reads from (the hub, hub.py): the ring, how far behind a viewer may fall, the catch-up
+    for one that skipped, and its removal."""
+    _ring: FrameRing
+    max_lag_s: float | None
+    _catch_up: object
+
+    def _catch_up_message(self, since_us: float, after_step: int | None) -> dict | None: ...
+
+    def _remove(self, sub: Subscription, dropped_frames: int = 0) -> None: ...
+
+
 class Subscription:
     """One viewer: a cursor in the hub's ring. Create it with `Hub.subscribe` from inside an asyncio task; read
     with `await get()` (message dicts, shared between viewers: do not modify them) or `await get_text()` (the
     same, JSON-encoded)."""
 
-    def __init__(self, hub: Hub, max_queue: int, loop: asyncio.AbstractEventLoop | None, since_us: float):
+    def __init__(self, hub: Feed, max_queue: int, loop: asyncio.AbstractEventLoop | None, since_us: float):
         self._hub = hub
         self.max_queue = max(1, int(max_queue))
         self._loop = loop
