@@ -3,7 +3,8 @@ tiny random model on the CPU.
 
 A user's story: run a tiny sweep from the tab and find sync and async overlaid on the latency curves, the engine
 chart and a CDF of one point (then the same as histograms); overlay a GuideLLM report; see bad input refused with
-its reason; stop a sweep half way; draw the CDF of a burst fired from the Load test tab.
+its reason; stop a sweep half way; draw the CDF of a burst fired from the Load test tab, and click a point of it
+to see that request's lifetime on the Gantt.
 """
 from __future__ import annotations
 
@@ -175,3 +176,71 @@ def test_the_cdf_of_a_burst_from_the_load_test_tab(page, server):
     cdf = wait_traces(page, "bs-sweep-dist", lambda ts: len(ts) == 4)
     assert all(bid in t["name"] and t["n"] > 0 for t in cdf)
     assert [t["n"] for t in cdf][0] == 6            # one TTFT per request
+
+
+# ------------------------------------------------------------------------ from a point of a CDF to its request's steps
+
+FOCUSED = """id => { const g = document.querySelector('#bs-gantt');
+  return g.dataset.focus === id && +g.dataset.focusspans >= 3 && +g.dataset.focussteps >= 1; }"""
+
+
+def cdf_point(page, yaxis: str, i: int) -> dict:
+    """Point i of the CDF on `yaxis` (y4: E2E): its value, its request id and where it is on the screen."""
+    page.evaluate("document.querySelector('#bs-sweep-dist .js-plotly-plot').scrollIntoView({block: 'end'})")
+    return page.evaluate("""([yaxis, i]) => {
+        const gd = document.querySelector('#bs-sweep-dist .js-plotly-plot');
+        const t = gd._fullData.find(t => t.yaxis === yaxis);
+        const xa = gd._fullLayout['xaxis' + t.xaxis.slice(1)], ya = gd._fullLayout['yaxis' + t.yaxis.slice(1)];
+        const k = i < 0 ? t.x.length + i : i, box = gd.getBoundingClientRect();
+        return {x: t.x[k], id: t.customdata[k], n: t.x.length,
+                px: box.left + xa._offset + xa.l2p(t.x[k]), py: box.top + ya._offset + ya.l2p(t.y[k])};
+    }""", [yaxis, i])
+
+
+def focused_on(page, server, rid: str):
+    try:
+        page.wait_for_function(FOCUSED, arg=rid, timeout=T)
+    except Exception:
+        raise AssertionError(page.evaluate("({...document.querySelector('#bs-gantt').dataset, "
+                                           "msg: document.querySelector('#bs-msg').textContent})"))
+    a, b = (t / 1e6 for t in get(server.url, f"/api/requests/{rid}/waits")["lifetime_us"])
+    lo, hi = page.evaluate("document.querySelector('#bs-gantt').layout.xaxis.range")
+    # the window is the request's lifetime with a little room either side, not the live 10 s
+    assert lo <= a and hi >= b and hi - lo <= (b - a) * 1.3 + 2e-3, (lo, hi, a, b)
+
+
+def test_a_click_on_a_cdf_point_jumps_the_gantt_to_its_request(page, server):
+    bid = post(server.url, "/api/burst", {"num_requests": 6, "prompt_tokens": 8, "max_new_tokens": 12})["burst_id"]
+    for _ in range(600):
+        if get(server.url, f"/api/bursts/{bid}")["state"] != "running":
+            break
+        time.sleep(0.1)
+    page.click("#bs-sweep-refresh")
+    choose(page, f"burst {bid}")
+    wait_traces(page, "bs-sweep-dist", lambda ts: len(ts) == 4 and all(bid in t["name"] for t in ts))
+    page.wait_for_selector("#bs-sweep-dist .js-plotly-plot[data-bs-clickable='1']", state="attached", timeout=T)
+    # the second slowest E2E, hovered: the hover names its request and offers the click; clicked: the Gantt
+    # shows that request's lifetime with its spans and steps marked
+    pt = cdf_point(page, "y4", -2)
+    assert pt["n"] == 6 and pt["id"]
+    page.mouse.move(pt["px"], pt["py"])
+    page.wait_for_function("""id => [...document.querySelectorAll('#bs-sweep-dist .hoverlayer .hovertext')]
+        .some(h => h.textContent.includes(id) && h.textContent.includes("click: show this request's steps"))""",
+                           arg=pt["id"], timeout=T)
+    page.mouse.click(pt["px"], pt["py"])
+    focused_on(page, server, pt["id"])
+    assert pt["id"] in page.text_content("#bs-focus")
+    # a gap of the ITL CDF leads to its own request (through Plotly's own click event, as a click sends it)
+    gap = cdf_point(page, "y2", 0)
+    assert gap["id"] and gap["n"] > 0
+    page.evaluate("""([yaxis, id]) => { const gd = document.querySelector('#bs-sweep-dist .js-plotly-plot');
+        gd.emit('plotly_click', {points: [{customdata: id, data: gd._fullData.find(t => t.yaxis === yaxis)}]}); }""",
+                  ["y2", gap["id"]])
+    focused_on(page, server, gap["id"])
+    # a request whose steps the live ring no longer holds: the page says so, and the Gantt stays where it was
+    page.evaluate("""() => document.querySelector('#bs-sweep-dist .js-plotly-plot')
+        .emit('plotly_click', {points: [{customdata: 'req-long-gone'}]})""")
+    page.wait_for_function("document.querySelector('#bs-msg').textContent.includes('no longer in the live timeline')",
+                           timeout=T)
+    assert page.get_attribute("#bs-gantt", "data-focus") == gap["id"]
+    page.click("#bs-focus-clear")

@@ -75,7 +75,9 @@ class ScriptedEngine:
             self.submitted.append((self.mode, list(prompt), params))
             n = len(self.submitted)
         fail = self.fail_every and n % self.fail_every == 0
-        return ScriptedHandle(self, params.max_new_tokens, self.step_s, fail)
+        handle = ScriptedHandle(self, params.max_new_tokens, self.step_s, fail)
+        handle.id = f"req-{n}"            # the engine's id, as its request records name it
+        return handle
 
 
 class ScriptedTelemetry:
@@ -217,6 +219,29 @@ def test_burst_runs_to_done_with_results():
     mgr.close()
 
 
+def test_the_raw_values_of_bursts_and_loads_carry_the_engine_ids_of_their_requests():
+    eng = ScriptedEngine()
+    mgr = BurstManager(eng, LIMITS, vocab_size=100)
+    bid = mgr.start_burst(BurstSpec(num_requests=5, seed=2, max_new_tokens=[2, 6]))
+    wait_state(lambda: mgr.burst(bid))
+    lid = mgr.start_load(LoadSpec(concurrency=2, max_requests=6, max_new_tokens=[2, 6], seed=4))
+    wait_state(lambda: mgr.load(lid))
+    out = mgr.latest_values()
+    ids = {f"req-{n}" for n in range(1, len(eng.submitted) + 1)}
+    (_, burst), = out[f"burst {bid}"]
+    assert len(burst["request_id"]) == len(burst["ttft_ms"]) == 5 and set(burst["request_id"]) <= ids
+    # one id per gap, its own request's: a request of k tokens has k - 1 gaps
+    tokens = {rid: eng.submitted[int(rid[4:]) - 1][2].max_new_tokens for rid in burst["request_id"]}
+    assert len(burst["itl_request_id"]) == len(burst["itl_ms"])
+    assert {rid: burst["itl_request_id"].count(rid) for rid in tokens} == {r: k - 1 for r, k in tokens.items()}
+    (_, load), = out[f"load {lid}"]
+    for key in ("ttft", "tpot", "itl", "e2e"):
+        assert len(load[f"{key}_request_id"]) == len(load[f"{key}_ms"]) > 0
+        assert set(load[f"{key}_request_id"]) <= ids - set(burst["request_id"])
+    assert len(set(load["e2e_request_id"])) == 6
+    mgr.close()
+
+
 def test_failed_requests_are_counted_and_all_failed_is_an_error():
     mgr = BurstManager(ScriptedEngine(fail_every=2), LIMITS, vocab_size=100)
     bid = mgr.start_burst(BurstSpec(num_requests=6, seed=1, max_new_tokens=2))
@@ -339,6 +364,14 @@ def test_latency_sample_stays_bounded_and_unbiased():
     assert len(sample.values) == 1000 and sample.seen == 100_000
     p = sample.percentiles()
     assert p["n"] == 100_000 and p["p50"] == pytest.approx(50_000, rel=0.1)
+
+
+def test_a_latency_sample_keeps_each_value_with_its_id():
+    sample = LatencySample(100, random.Random(0))
+    for v in range(10_000):
+        sample.add(float(v), f"req-{v}")
+    assert len(sample.ids) == len(sample.values) == 100
+    assert all(rid == f"req-{int(v)}" for v, rid in zip(sample.values, sample.ids))   # replaced together
 
 
 def test_load_tally_counts_only_the_recent_window_as_recent():

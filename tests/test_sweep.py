@@ -163,6 +163,13 @@ def test_point_values_keep_the_raw_values_aligned_and_capped():
     assert capped["ttft_ms"] == sorted(capped["ttft_ms"])            # a sample, kept in order
     # sampled together: each kept request keeps its own TTFT beside its id
     assert all(f"req-{int(ttft) - 10}" == rid for ttft, rid in zip(capped["ttft_ms"], capped["request_id"]))
+    # every gap with the id of its own request, also when sampled
+    assert v["itl_request_id"] == [f"req-{i}" for i in range(30) for _ in range(2)]
+    assert len(capped["itl_request_id"]) == 7 and set(capped["itl_request_id"]) <= set(v["request_id"])
+    ts[3].chunks[2] = (ts[3].chunks[2][0] + 99 * MS, 1)             # one slow gap: its id is req-3's
+    ts[3].finish_ns += 99 * MS
+    slow = point_values(ts)
+    assert slow["itl_request_id"][slow["itl_ms"].index(max(slow["itl_ms"]))] == "req-3"
 
 
 def curve(rps, lat, kinds=None):

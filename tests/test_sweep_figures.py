@@ -4,8 +4,8 @@ import pytest
 from pydantic import ValidationError
 
 from batchscope.app.loadtest.sweep_points import curve_summary
-from batchscope.app.ui.sweep_figures import (MODE_COLORS, curves_figure, distribution_figure, engine_figure,
-                                             series_of)
+from batchscope.app.ui.sweep_figures import (CLICK_HINT, MODE_COLORS, curves_figure, distribution_figure,
+                                             engine_figure, series_of, without_ids)
 from batchscope.app.ui.sweep_html import import_html, sweep_progress_html, sweep_summary_html
 from batchscope.app.ui.sweep_tab import sweep_spec
 
@@ -75,6 +75,32 @@ def test_cdfs_read_percentiles_and_histograms_share_of_values():
     assert len(fig.data) == 2 * 3                               # no TPOT values: nothing drawn for it
     hist = distribution_figure(dists, "hist")
     assert {t.type for t in hist.data} == {"histogram"} and hist.data[0].histnorm == "percent"
+
+
+def test_each_cdf_point_carries_its_requests_engine_id():
+    # a sweep point's values: per-request lists share request_id, each gap has its own request's id
+    point = {"ttft_ms": [30.0, None, 10.0], "tpot_ms": [2.0, 1.0, 3.0], "e2e_ms": [50.0, 5.0, 40.0],
+             "request_id": ["req-1", "req-2", "req-3"], "itl_ms": [4.0, 1.0, 2.0],
+             "itl_request_id": ["req-3", "req-1", "req-1"]}
+    # a continuous load's: one id list per latency (each sampled on its own)
+    load = {"ttft_ms": [7.0, 6.0], "ttft_request_id": ["req-8", "req-9"], "itl_ms": [], "tpot_ms": [],
+            "e2e_ms": [9.0], "e2e_request_id": ["req-9"]}
+    fig = distribution_figure([{"name": "sync · 1", "color": "#ea580c", "values": point},
+                               {"name": "load", "color": "#2563eb", "values": load}])
+    by = {(t.name, t.hovertemplate.split("<br>")[0].split()[-1]): t for t in fig.data}
+    ttft = by[("sync · 1", "TTFT")]
+    assert list(ttft.x) == [10.0, 30.0] and list(ttft.customdata) == ["req-3", "req-1"]   # sorted with its values
+    assert list(by[("sync · 1", "E2E")].customdata) == ["req-2", "req-3", "req-1"]
+    itl = by[("sync · 1", "ITL")]
+    assert list(itl.x) == [1.0, 2.0, 4.0] and list(itl.customdata) == ["req-1", "req-1", "req-3"]
+    assert list(by[("load", "TTFT")].customdata) == ["req-9", "req-8"]
+    assert list(by[("load", "E2E")].customdata) == ["req-9"]
+    assert all(CLICK_HINT in t.hovertemplate and "%{customdata}" in t.hovertemplate for t in fig.data)
+    assert CLICK_HINT == "click: show this request's steps"
+    # values without ids (another server's report): no ids, and no promise of a click
+    plain = distribution_figure([{"name": "g", "color": "#059669", "values": without_ids(point)}])
+    assert all(t.customdata is None and CLICK_HINT not in t.hovertemplate for t in plain.data)
+    assert set(without_ids(point)) == {"ttft_ms", "tpot_ms", "e2e_ms", "itl_ms"}
 
 
 def test_the_summary_says_where_each_mode_meets_and_leaves_the_slos():

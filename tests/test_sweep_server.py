@@ -112,6 +112,8 @@ def test_a_sweep_through_the_routes(client):
     # each value leads to the request's own record in the timeline (and so to the steps it lived through)
     recorded = {r["id"] for r in client.get("/api/timeline.json").json()["requests"]}
     assert set(first["request_id"]) <= recorded
+    assert first["itl_ms"] and len(first["itl_request_id"]) == len(first["itl_ms"])
+    assert set(first["itl_request_id"]) <= set(first["request_id"])     # each gap is one of the point's requests'
     r = client.get(f"/api/sweep/{sid}.csv", params={"download": 1})
     assert r.headers["content-type"].startswith("text/csv") and "attachment" in r.headers["content-disposition"]
     assert len(r.text.splitlines()) == 1 + total and r.text.startswith("source,series,index,kind,offered_rate")

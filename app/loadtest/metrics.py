@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from batchscope.telemetry import percentiles
 
-__all__ = ["RequestTiming", "burst_metrics", "LatencySample", "LoadTally", "LATENCIES"]
+__all__ = ["RequestTiming", "burst_metrics", "LatencySample", "LoadTally", "LATENCIES", "ids_key"]
 
 
 @dataclass
@@ -55,6 +55,13 @@ class RequestTiming:
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
+def ids_key(metric: str) -> str:
+    """The key of the engine ids that go with a latency's raw values, one per value: "ttft_ms" ->
+    "ttft_request_id". (A sweep point's per-request lists share one list, "request_id"; its gaps have
+    "itl_request_id".)"""
+    return metric.removesuffix("_ms") + "_request_id"
+
+
 def burst_metrics(timings: list[RequestTiming], start_ns: int, end_ns: int) -> dict:
     """TTFT/TPOT/ITL/E2E percentiles in ms and throughput over [start, end] for the requests that finished."""
     ok = [t for t in timings if t.ok]
@@ -76,21 +83,25 @@ def _throughput(latencies: dict, completed: int, failed: int, prompt_tokens: int
 
 class LatencySample:
     """A uniform random sample of at most `size` values (reservoir sampling): percentiles of a long run without
-    keeping every token's gap. Exact while fewer than `size` values have come."""
+    keeping every token's gap. Exact while fewer than `size` values have come. Each value keeps the id it came
+    with (`ids`, aligned with `values`: the engine id of its request)."""
 
     def __init__(self, size: int, rng: random.Random):
         self.size, self.rng = size, rng
         self.values: list[float] = []
+        self.ids: list[str | None] = []
         self.seen = 0
 
-    def add(self, v: float) -> None:
+    def add(self, v: float, request_id: str | None = None) -> None:
         self.seen += 1
         if len(self.values) < self.size:
             self.values.append(v)
+            self.ids.append(request_id)
         else:
             j = self.rng.randrange(self.seen)
             if j < self.size:
                 self.values[j] = v
+                self.ids[j] = request_id
 
     def percentiles(self) -> dict:
         out = percentiles(self.values)
@@ -133,7 +144,7 @@ class LoadTally:
                 self.output_tokens += t.output_tokens
                 for k, vs in lat.items():
                     for v in vs:
-                        self.samples[k].add(v)
+                        self.samples[k].add(v, t.request_id)
                 self._finished.append((t.finish_ns, lat["ttft_ms"][0] if lat["ttft_ms"] else None,
                                        lat["e2e_ms"][0]))
                 self._trim(t.finish_ns)
@@ -158,9 +169,11 @@ class LoadTally:
                 "e2e_ms_p50": percentiles([e for *_, e in finished])["p50"]}
 
     def values(self) -> dict:
-        """The sampled latencies of the whole run (ms), for CDFs; `n` says how many there were of each."""
+        """The sampled latencies of the whole run (ms), for CDFs, each list with the engine ids of its values'
+        requests beside it (`ids_key`: "ttft_request_id", ...); `n` says how many there were of each."""
         with self._lock:
             out: dict = {k: list(s.values) for k, s in self.samples.items()}
+            out.update({ids_key(k): list(s.ids) for k, s in self.samples.items()})
             out["n"] = {k: s.seen for k, s in self.samples.items()}
         return out
 

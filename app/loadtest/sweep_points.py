@@ -88,8 +88,10 @@ def point_figures(timings: list[RequestTiming], start_ns: int, end_ns: int, slo:
 def point_values(timings: list[RequestTiming], seed: int = 0, cap: int = MAX_VALUES) -> dict:
     """The raw values behind a point's percentiles, for CDFs and histograms: per finished request its TTFT, TPOT,
     E2E and engine id (`request_id`: its record in the timeline), lists aligned by request in the order the
-    requests were sent, and every gap between tokens (ITL). Beyond `cap` requests (or gaps) a seeded uniform
-    sample of `cap` is kept, in order, the per-request lists sampled together; `n` says how many there were."""
+    requests were sent, and every gap between tokens (ITL) with the engine id of the request it belongs to
+    (`itl_request_id`, aligned with `itl_ms`). Beyond `cap` requests (or gaps) a seeded uniform sample of `cap` is
+    kept, in order, the per-request lists sampled together and each gap with its id; `n` says how many there
+    were."""
     ok = [t for t in sorted(timings, key=lambda t: t.sent_ns) if t.ok]
     rng = random.Random(seed)
     if len(ok) > cap:
@@ -99,11 +101,12 @@ def point_values(timings: list[RequestTiming], seed: int = 0, cap: int = MAX_VAL
     per = [request_latency(t) for t in ok_kept]
     out: dict = {k: [_round(p[k]) for p in per] for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
     out["request_id"] = [t.request_id for t in ok_kept]
-    gaps = [v for t in ok for v in t.latencies()["itl_ms"]]
+    gaps = [(v, t.request_id) for t in ok for v in t.latencies()["itl_ms"]]
     out["n"] = {"ttft_ms": len(ok), "tpot_ms": len(ok), "e2e_ms": len(ok), "itl_ms": len(gaps)}
     if len(gaps) > cap:
         gaps = [gaps[i] for i in sorted(rng.sample(range(len(gaps)), cap))]
-    out["itl_ms"] = [_round(v) for v in gaps]
+    out["itl_ms"] = [_round(v) for v, _ in gaps]
+    out["itl_request_id"] = [rid for _, rid in gaps]
     return out
 
 

@@ -1,7 +1,8 @@
 """The Sweep tab's charts, built on the server as Plotly figures (gr.Plot draws them): latency against throughput
 for each mode and each foreign report overlaid, with knees and the rate where each mode leaves the SLOs; the
 engine's busy % and ms/step with SLO attainment per point; and the latency distributions (CDFs or histograms)
-of chosen points or load-test runs.
+of chosen points or load-test runs. A CDF's points carry the engine id of their request (customdata), when its
+values came with ids: the page (assets/js/tail.js) jumps the Gantt to that request's lifetime when one is clicked.
 
 Pure functions of a sweep's status as JSON (app/loadtest/sweep_status.py) and of raw values, so they are checked
 without a browser. A series is {"name", "color", "points", "summary"} (a mode of ours, or a foreign report's).
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from ..loadtest.metrics import ids_key
 
 MODE_COLORS = {"sync": "#ea580c", "async": "#2563eb"}      # the page's own (assets/style.css: --bs-sync, --bs-async)
 FOREIGN_COLORS = ("#059669", "#7c3aed", "#6b7280", "#b45309", "#db2777")
@@ -166,15 +169,40 @@ def engine_figure(series: list[dict], target: float | None, x_key: str = "reques
     return _layout(fig, 560)
 
 
+CLICK_HINT = "click: show this request's steps"
+
+
+def value_ids(values: dict, key: str) -> list | None:
+    """The engine ids that go with values[key], one per value, or None: the latency's own list (a continuous
+    load's, and a sweep point's gaps: ids_key), else, for a per-request latency, the shared `request_id`."""
+    ids = values.get(ids_key(key))
+    if ids is None and key != "itl_ms":
+        ids = values.get("request_id")
+    return ids if ids is not None and len(ids) == len(values.get(key) or []) else None
+
+
+def without_ids(values: dict) -> dict:
+    """Values with their ids left out: another server's requests, which no timeline here holds."""
+    return {k: v for k, v in values.items() if not k.endswith("request_id")}
+
+
+def _sorted_with_ids(values: dict, key: str) -> tuple[list[float], list | None]:
+    vals, ids = values.get(key) or [], value_ids(values, key)
+    pairs = sorted(((v, ids[i] if ids is not None else None) for i, v in enumerate(vals) if v is not None),
+                   key=lambda p: p[0])
+    return [v for v, _ in pairs], ([i for _, i in pairs] if ids is not None else None)
+
+
 def distribution_figure(dists: list[dict], kind: str = "cdf") -> go.Figure:
     """TTFT, ITL, TPOT and E2E of each entry ({"name", "color", "values"}) overlaid: CDFs (the hover reads the
-    percentile) or histograms (share of values per bin)."""
+    percentile) or histograms (share of values per bin). A CDF point carries its request's engine id as customdata
+    (each ITL gap the id of its request) when the values came with ids, and its hover says a click shows it."""
     fig = make_subplots(rows=4, cols=1, vertical_spacing=0.07, subplot_titles=[t for _, t in DIST_ROWS])
     if not any(any((d.get("values") or {}).get(k) for k, _ in DIST_ROWS) for d in dists):
         return _layout(_empty(fig, "no values to draw: pick a sweep point or a load-test run"), 760)
     for row, (key, title) in enumerate(DIST_ROWS, 1):
         for d in dists:
-            vals = sorted(v for v in (d.get("values") or {}).get(key) or [] if v is not None)
+            vals, ids = _sorted_with_ids(d.get("values") or {}, key)
             if not vals:
                 continue
             common = {"name": d["name"], "legendgroup": d["name"], "showlegend": row == 1,
@@ -185,10 +213,12 @@ def distribution_figure(dists: list[dict], kind: str = "cdf") -> go.Figure:
                                                          f"values<extra></extra>"), row=row, col=1)
                 continue
             n = len(vals)
+            which = f" · %{{customdata}}<br><i>{CLICK_HINT}</i>" if ids is not None else ""
             fig.add_trace(go.Scatter(x=vals, y=[100.0 * (i + 1) / n for i in range(n)], mode="lines",
-                                     line={"color": d["color"], "width": 2, "shape": "hv"}, **common,
+                                     line={"color": d["color"], "width": 2, "shape": "hv"}, customdata=ids, **common,
                                      hovertemplate=f"<b>{d['name']}</b> {title.split(' ')[0]}<br>"
-                                                   f"p%{{y:.1f}} = %{{x:,.2f}} ms<extra></extra>"), row=row, col=1)
+                                                   f"p%{{y:.1f}} = %{{x:,.2f}} ms{which}<extra></extra>"),
+                          row=row, col=1)
     if kind == "hist":
         fig.update_layout(barmode="overlay")
         fig.update_yaxes(title_text="% of values")

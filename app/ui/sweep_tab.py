@@ -15,7 +15,7 @@ from ..loadtest.sweep_spec import DEFAULT_ITL_MS, DEFAULT_RATE_POINTS, DEFAULT_T
 from .load_tab import CHECK_MODE_LOCK_SOON, refusal
 from .page_html import error_html
 from .sweep_figures import (FOREIGN_COLORS, MODE_COLORS, curves_figure, distribution_figure, engine_figure,
-                            series_of)
+                            series_of, without_ids)
 from .sweep_html import import_html, point_text, sweep_progress_html, sweep_summary_html
 
 POLL_S = 0.5
@@ -278,8 +278,9 @@ class SweepViews:
                 near = _nearest(curve, ours)
                 if near is not None:
                     p, values = near
+                    # (a batchscope file's ids name another server's requests: no click leads to them here)
                     dists.append({"name": f"{name} · {point_text(p)}",
-                                  "color": FOREIGN_COLORS[n % len(FOREIGN_COLORS)], "values": values})
+                                  "color": FOREIGN_COLORS[n % len(FOREIGN_COLORS)], "values": without_ids(values)})
                 n += 1
         return dists
 

@@ -1,7 +1,9 @@
 /* From a tail request to its steps: the slowest requests (#bs-slowest, under the charts) and, for the one
  * clicked, the Gantt zoomed to its lifetime with its spans and steps marked (gantt.js draws state.focus) and a
  * line saying what it waited for (#bs-focus). The server splits the lifetime (GET /api/requests/{id}/waits,
- * telemetry/request_waits.py); the page only draws it. In replay both routes read the replay (replay=true). */
+ * telemetry/request_waits.py); the page only draws it. In replay both routes read the replay (replay=true).
+ * A point of the Sweep tab's latency CDFs (#bs-sweep-dist, a gr.Plot: app/ui/sweep_figures.py puts each point's
+ * request id in its customdata) leads to the same jump when clicked. */
 import { api } from "./api.js";
 import { state } from "./feed.js";
 import { causeLabel } from "./names.js";
@@ -10,6 +12,8 @@ import { $, esc, note } from "./util.js";
 const SLOWEST = 10;
 const LIVE_REFRESH_MS = 4000;              // live: looked at again this often, and only when requests finished
 const PAD = 0.06;                          // the window shows this share of the lifetime on each side
+const CDF_PLOTS = ["bs-sweep-dist"];       // gr.Plot blocks whose points carry request ids (customdata)
+const CDF_LOOK_MS = 500;                   // how often they are looked for (Gradio draws them when it likes)
 export const PHASE_COLOR = { queue: "#f59e0b", prefill: "#8b5cf6", decode: "#16a34a", preempted: "#ef4444" };
 
 const seen = { finished: -1, source: "" };
@@ -46,6 +50,7 @@ export function buildTail(root) {
   if (!root.dataset.tailTimer) {
     root.dataset.tailTimer = "1";
     setInterval(liveRefresh, LIVE_REFRESH_MS);
+    setInterval(watchCdfs, CDF_LOOK_MS);
   }
   refreshSlowest();
 }
@@ -90,14 +95,43 @@ function markChosen() {
   for (const tr of document.querySelectorAll("#bs-slowest tr[data-id]")) tr.classList.toggle("bs-chosen", tr.dataset.id === id);
 }
 
+// The CDFs: Gradio draws a gr.Plot into a div of its own when the tab is first shown, redraws it with
+// Plotly.react (which keeps listeners) and may mount a new div (which has none), so each is looked at again
+// and again. A listener is known by the emitter it went to: Plotly.purge gives the div a new one.
+const clickable = new WeakMap();           // graph div -> the Plotly event emitter our listener is on
+
+function watchCdfs() {
+  for (const elemId of CDF_PLOTS) {
+    const gd = document.querySelector(`#${elemId} .js-plotly-plot`);
+    if (!gd || typeof gd.on !== "function" || !gd._ev || clickable.get(gd) === gd._ev) continue;
+    gd.on("plotly_click", onCdfClick);
+    clickable.set(gd, gd._ev);
+    gd.dataset.bsClickable = "1";
+  }
+}
+
+function onCdfClick(ev) {
+  const pt = ev && ev.points && ev.points[0];
+  const id = pt && (Array.isArray(pt.customdata) ? pt.customdata[0] : pt.customdata);
+  if (typeof id === "string" && id) focusRequest(id, "cdf");
+}
+
+// A CDF keeps its values after their steps left the live ring (or while the page shows a replay): said so.
+function notHere(id, e, from) {
+  if (from !== "cdf" || !/^no request/.test(e.message)) return `request ${id}: ${e.message}`;
+  return inReplay() ? `request ${id} is not in the replay shown: the CDF's requests ran live (back to live to see it)`
+                    : `request ${id} is no longer in the live timeline: the ring keeps only the newest steps`;
+}
+
 // The request's waits from the server, then the Gantt on its lifetime (frozen there like a zoom: a window
-// button or a double-click goes back to the live window, the highlight stays until "clear").
-export async function focusRequest(id) {
+// button or a double-click goes back to the live window, the highlight stays until "clear"). `from` says
+// where the pick came from ("cdf": a point of a latency CDF).
+export async function focusRequest(id, from) {
   let w;
   try {
     w = await api(`/api/requests/${encodeURIComponent(id)}/waits?${selector()}`);
   } catch (e) {
-    note(`request ${id}: ${e.message}`, true);
+    note(notHere(id, e, from), true);
     return;
   }
   const [a, b] = w.lifetime_us;
