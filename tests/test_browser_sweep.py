@@ -165,12 +165,18 @@ def test_bad_input_is_refused_and_a_sweep_stops_half_way(page, server):
     page.wait_for_selector("#bs-mode-sync:not(.bs-locked)", timeout=T)
 
 
-def test_the_cdf_of_a_burst_from_the_load_test_tab(page, server):
+def burst_done(server, tries: int = 600) -> str:
+    """A burst of 6 short requests, fired through the API and waited for: its id."""
     bid = post(server.url, "/api/burst", {"num_requests": 6, "prompt_tokens": 8, "max_new_tokens": 12})["burst_id"]
-    for _ in range(300):
+    for _ in range(tries):
         if get(server.url, f"/api/bursts/{bid}")["state"] != "running":
             break
         time.sleep(0.1)
+    return bid
+
+
+def test_the_cdf_of_a_burst_from_the_load_test_tab(page, server):
+    bid = burst_done(server)
     page.click("#bs-sweep-refresh")
     choose(page, f"burst {bid}")
     cdf = wait_traces(page, "bs-sweep-dist", lambda ts: len(ts) == 4)
@@ -210,11 +216,7 @@ def focused_on(page, server, rid: str):
 
 
 def test_a_click_on_a_cdf_point_jumps_the_gantt_to_its_request(page, server):
-    bid = post(server.url, "/api/burst", {"num_requests": 6, "prompt_tokens": 8, "max_new_tokens": 12})["burst_id"]
-    for _ in range(600):
-        if get(server.url, f"/api/bursts/{bid}")["state"] != "running":
-            break
-        time.sleep(0.1)
+    bid = burst_done(server)
     page.click("#bs-sweep-refresh")
     choose(page, f"burst {bid}")
     wait_traces(page, "bs-sweep-dist", lambda ts: len(ts) == 4 and all(bid in t["name"] for t in ts))
