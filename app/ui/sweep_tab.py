@@ -174,6 +174,9 @@ def wire_sweep(state, tab: SweepTab, demo: gr.Blocks) -> None:
                       show_progress="hidden")
     dist_inputs = [tab.choice, tab.dist_kind, tab.sweep_id, tab.imports]
     tab.choice.change(views.distributions, dist_inputs, tab.dist, show_progress="hidden")
+    # a new point's curves redraw the distributions too: the choice keeps its value when the other mode's run of
+    # the same point arrives (sync's point 2, then async's), and an unchanged value fires no change of its own
+    tab.curves.change(views.distributions, dist_inputs, tab.dist, show_progress="hidden")
     tab.dist_kind.change(views.distributions, dist_inputs, tab.dist, show_progress="hidden")
     tab.refresh.click(views.choices, tab.sweep_id, tab.choice, show_progress="hidden")
     tab.upload.upload(views.add_import, [tab.upload, tab.sweep_id, tab.x_axis, tab.imports, *tab.slo_inputs()],
