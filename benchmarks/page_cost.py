@@ -65,8 +65,14 @@ def measure(page, procs, seconds: float) -> dict:
     time.sleep(seconds)
     c1, t1 = cpu_seconds(procs), time.perf_counter()
     pictures = page.evaluate("window.batchscope.perf.pictures")
+    drawing = page.evaluate("(p => ({picture_ms: p.pictureCostMs, max_task_ms: p.maxTaskMs, by_task: p.maxById}))"
+                            "(window.batchscope.perf)")
     frames = page.evaluate(FRAMES_JS, seconds * 1000)
     return {"renderer_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 1), "pictures": pictures,
+            # what the page's own drawing took (its tasks, ms): the smoothed cost of a picture, the longest task
+            # and the longest of each kind, over the CPU window
+            "picture_ms": round(drawing["picture_ms"], 1), "max_task_ms": round(drawing["max_task_ms"], 1),
+            "longest_task_ms": {k: round(v, 1) for k, v in drawing["by_task"].items()},
             "worst_frame_gap_ms": round(frames["worstGapMs"], 1), "frames": frames["frames"],
             "seconds": round(t1 - t0, 1)}
 

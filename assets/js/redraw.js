@@ -19,7 +19,8 @@ import { moveRange, textScale } from "./plot.js";
 import { $ } from "./util.js";
 
 const MIN_PERIOD_MS = 250;
-const CPU_SHARE = 0.2;                     // under load, pictures take at most a fifth of a core
+const CPU_SHARE = 0.12;                    // under load, pictures take at most an eighth of a core of the page's
+                                           // own work (the renderer spends about as much again around it)
 const IDLE_PERIOD_MS = 4000;
 const IDLE_CPU_SHARE = 0.01;               // an idle engine's window slides for at most 1% of a core
 const STEP_CHARTS = new Set(["bs-c-batch", "bs-c-kv", "bs-c-queue", "bs-c-step"]);   // per-step values only
