@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 import urllib.request
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
     state = AppState.load(EngineConfig(model=args.model, device="cpu", dtype="float32", mode="async",
                                        num_blocks=512, max_batch_tokens=512, max_running=32), Limits())
     srv = ServerThread(create_app(state)).start()
-    result = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join([sys.executable, *sys.argv]),
+    result = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "command": shlex.join(["python", "benchmarks/page_cost.py", *sys.argv[1:]]),
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "model": args.model}
     try:
         with sync_playwright() as p:
