@@ -91,35 +91,28 @@ class BurstManager:
     def stop_load(self, load_id: str) -> LoadStatus:
         """Stop a load (a finished one is left as it is) and say where it stands: ended, unless cancelling what it
         has in flight takes longer than LOAD_STOP_WAIT_S."""
-        with self._lock:
-            run = self._loads.get(load_id)
-        if run is None:
-            raise KeyError(f"no load with id {load_id!r}")
+        run = self._find(self._loads, load_id, "load")
         if run.state == "running":
             run.stop("stopped")
             run.ended.wait(LOAD_STOP_WAIT_S)
         return run.status(self.engine.mode)
 
-    def burst(self, burst_id: str) -> BurstStatus:
+    def _find(self, runs: dict, run_id: str, what: str):
+        """The run of that id in `runs` (KeyError naming `what` when there is none)."""
         with self._lock:
-            b = self._bursts.get(burst_id)
-            if b is None:
-                raise KeyError(f"no burst with id {burst_id!r}")
-            return b.status()
+            run = runs.get(run_id)
+        if run is None:
+            raise KeyError(f"no {what} with id {run_id!r}")
+        return run
+
+    def burst(self, burst_id: str) -> BurstStatus:
+        return self._find(self._bursts, burst_id, "burst").status()
 
     def ab(self, ab_id: str) -> ABStatus:
-        with self._lock:
-            a = self._abs.get(ab_id)
-            if a is None:
-                raise KeyError(f"no A/B run with id {ab_id!r}")
-            return a.status()
+        return self._find(self._abs, ab_id, "A/B run").status()
 
     def load(self, load_id: str) -> LoadStatus:
-        with self._lock:
-            run = self._loads.get(load_id)
-        if run is None:
-            raise KeyError(f"no load with id {load_id!r}")
-        return run.status(self.engine.mode)
+        return self._find(self._loads, load_id, "load").status(self.engine.mode)
 
     def running_load(self) -> str | None:
         """The id of the continuous load running now, if any (there is at most one)."""
