@@ -266,20 +266,40 @@ def browser():
 
 
 @contextlib.contextmanager
-def tiny_app_server(limits, ui: bool = True, model: str = "tiny-random"):
+def tiny_served(limits, ui: bool = True, model: str = "tiny-random", num_blocks: int = 512,
+                max_batch_tokens: int = 512):
     """The app on the tiny-random preset (or another: the embedded smollm2-135m has steps of hundreds of ms on a
-    small CPU, which millisecond steps hide bugs from), served from a thread of this process."""
+    small CPU, which millisecond steps hide bugs from), served from a thread of this process: (server, state)."""
     from batchscope.app.server import ServerThread, create_app
     from batchscope.app.server.state import AppState
 
     state = AppState.load(EngineConfig(model=model, device="cpu", dtype="float32", mode="async",
-                                       num_blocks=512, max_batch_tokens=512, max_running=32), limits)
+                                       num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, max_running=32),
+                          limits)
     srv = ServerThread(create_app(state, ui=ui)).start()
     try:
-        yield srv
+        yield srv, state
     finally:
         srv.stop()
         state.close()
+
+
+@contextlib.contextmanager
+def tiny_app_server(limits, ui: bool = True, model: str = "tiny-random"):
+    """tiny_served's server alone."""
+    with tiny_served(limits, ui, model) as (srv, _):
+        yield srv
+
+
+def until(cond, timeout=120.0, every=0.05):
+    """cond()'s first truthy value, polled every `every` s; fails after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(every)
 
 
 def free_port() -> int:

@@ -14,6 +14,7 @@ from batchscope.app.loadtest.specs import Limits, LoadSpec
 from batchscope.app.server import ServerThread, create_app
 from batchscope.app.server.state import AppState
 from batchscope.engine.config import EngineConfig
+from conftest import until
 
 LIMITS = Limits(max_prompt_tokens=256, max_new_tokens=256, max_burst_requests=32, max_concurrent_bursts=2,
                 max_waiting_requests=64, max_load_duration_s=60, max_load_requests=500, max_load_concurrency=16)
@@ -49,15 +50,6 @@ def nothing_left_running(client):
             break
         time.sleep(0.1)
 
-
-def until(cond, timeout=60.0, every=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(every)
 
 
 def load(client, load_id: str) -> dict:

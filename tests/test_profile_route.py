@@ -17,11 +17,10 @@ from starlette.testclient import TestClient
 
 from batchscope.app.cli import main as cli_main
 from batchscope.app.loadtest.specs import Limits
-from batchscope.app.server import ServerThread, create_app
+from batchscope.app.server import create_app
 from batchscope.app.server.state import AppState
-from batchscope.engine.config import EngineConfig
 from batchscope.engine.profiling import MAX_WINDOW_STEPS
-from conftest import serve_subprocess
+from conftest import serve_subprocess, tiny_served
 
 LIMITS = Limits(max_prompt_tokens=256, max_new_tokens=128, max_burst_requests=8, max_waiting_requests=64)
 LAUNCH = re.compile(r"^batchscope\.launch step=(\d+) ")
@@ -29,12 +28,8 @@ LAUNCH = re.compile(r"^batchscope\.launch step=(\d+) ")
 
 @pytest.fixture(scope="module")
 def served():
-    state = AppState.load(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
-                                       num_blocks=256, max_batch_tokens=256, max_running=32), LIMITS)
-    srv = ServerThread(create_app(state, ui=False)).start()
-    yield srv, state
-    srv.stop()
-    state.close()
+    with tiny_served(LIMITS, ui=False, num_blocks=256, max_batch_tokens=256) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,7 @@ import pytest
 
 from batchscope.app.cli import main as cli_main
 from batchscope.app.loadtest.specs import Limits
-from batchscope.app.server import ServerThread, create_app
-from batchscope.app.server.state import AppState
-from batchscope.engine.config import EngineConfig
+from conftest import tiny_served, until
 from test_server_limits import raw_request, read_response
 
 LIMITS = Limits(max_prompt_tokens=256, max_new_tokens=256, max_load_concurrency=8, max_load_duration_s=60,
@@ -31,12 +29,8 @@ TINY = {"points": 1, "duration_s": 0.4, "prompt_tokens": 8, "max_new_tokens": 8,
 
 @pytest.fixture(scope="module")
 def served():
-    state = AppState.load(EngineConfig(model="tiny-random", device="cpu", dtype="float32", mode="async",
-                                       num_blocks=256, max_batch_tokens=256, max_running=32), LIMITS)
-    srv = ServerThread(create_app(state, ui=False)).start()
-    yield srv, state
-    srv.stop()
-    state.close()
+    with tiny_served(LIMITS, ui=False, num_blocks=256, max_batch_tokens=256) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +38,6 @@ def client(served):
     with httpx.Client(base_url=served[0].url, timeout=60) as c:
         yield c
 
-
-def until(cond, timeout=120.0, every=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(every)
 
 
 def ended(client, sweep_id: str) -> dict:
