@@ -291,6 +291,25 @@ def tiny_app_server(limits, ui: bool = True, model: str = "tiny-random"):
         yield srv
 
 
+def get_json(url: str, path: str, timeout: float = 60) -> dict:
+    """GET url + path, its JSON body."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url + path, timeout=timeout) as r:
+        return json.load(r)
+
+
+def post_json(url: str, path: str, body: dict, timeout: float = 60) -> dict:
+    """POST a JSON body to url + path, the JSON answer."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
 def until(cond, timeout=120.0, every=0.05):
     """cond()'s first truthy value, polled every `every` s; fails after `timeout` s."""
     deadline = time.monotonic() + timeout

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from conftest import tiny_app_server
+from conftest import post_json as post, tiny_app_server
 
 pytestmark = pytest.mark.browser
 
@@ -79,11 +79,6 @@ def engine_mode(url: str) -> str:
     with urllib.request.urlopen(url + "/api/status", timeout=10) as r:
         return json.load(r)["mode"]
 
-
-def post(url: str, path: str, body: dict) -> dict:
-    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.load(r)
 
 
 def test_live_page_story(server, browser, tmp_path):

@@ -29,6 +29,7 @@ if not os.path.exists(CHROMIUM):
 sync_api = pytest.importorskip("playwright.sync_api")
 
 from batchscope.app.loadtest.specs import Limits  # noqa: E402
+from conftest import post_json as post  # noqa: E402
 from batchscope.app.server import ServerThread, create_app  # noqa: E402
 from batchscope.app.server.state import AppState  # noqa: E402
 from batchscope.engine.config import EngineConfig  # noqa: E402
@@ -76,11 +77,6 @@ def live():
     srv.stop()
     state.close()
 
-
-def post(url: str, path: str, body: dict) -> dict:
-    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.load(r)
 
 
 def open_page(browser, url: str, height: int = 1000):

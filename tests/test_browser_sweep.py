@@ -8,15 +8,13 @@ to see that request's lifetime on the Gantt.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import tiny_app_server
+from conftest import get_json as get, post_json as post, tiny_app_server
 
 pytestmark = pytest.mark.browser
 
@@ -61,15 +59,6 @@ def page(server, browser):
         time.sleep(0.1)
 
 
-def get(url: str, path: str) -> dict:
-    with urllib.request.urlopen(url + path, timeout=10) as r:
-        return json.load(r)
-
-
-def post(url: str, path: str, body: dict) -> dict:
-    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.load(r)
 
 
 def fields(page, **values):

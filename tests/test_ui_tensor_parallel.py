@@ -14,7 +14,6 @@ import copy
 import json
 import os
 import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from conftest import serve_subprocess, tiny_app_server  # noqa: E402
+from conftest import post_json as post, serve_subprocess, tiny_app_server  # noqa: E402
 
 from batchscope.app.loadtest.specs import Limits  # noqa: E402
 from batchscope.app.server import ServerThread, create_app  # noqa: E402
@@ -48,15 +47,6 @@ def serve_with_ui(*args: str):
     return serve_subprocess(*args, ui=True, start_s=240)
 
 
-def post(url: str, path: str, body: dict) -> dict:
-    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.load(r)
-
-
-def get(url: str, path: str) -> dict:
-    with urllib.request.urlopen(url + path, timeout=60) as r:
-        return json.load(r)
 
 
 def generate_some(url: str, n: int = 6, tokens: int = 24):
