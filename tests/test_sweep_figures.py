@@ -1,5 +1,7 @@
 """The Sweep tab's figures and HTML without a browser: curves with knees, SLO lines and where each mode leaves
 the SLOs; CDFs whose hover reads the percentile; the panel's fields as a SweepSpec."""
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -130,3 +132,20 @@ def test_the_panel_fields_are_the_api_spec():
                        ((["sync"], 1, 1, 8, 8, 500, 50, "0", 0.99), "e2e_ms")):
         with pytest.raises(ValidationError, match=field):
             sweep_spec(*bad)
+
+
+def test_the_committed_h200_sweep_draws_and_says_where_each_mode_leaves_the_slos():
+    """benchmarks/sweep_figure.py (the README's picture) reads the committed file with the tab's own figures."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("sweep_figure", root / "benchmarks" / "sweep_figure.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = mod.read_sweep(root / "benchmarks/results/2026-12-02-h200-sweep/sweep_rates.json.gz")
+    text = mod.page(doc, "H200", "requests_per_s")
+    assert "sync: meets the SLOs up to 22 req/s offered" in text and "leaves them at 28 req/s offered" in text
+    assert "async: meets the SLOs up to 28 req/s offered" in text and "leaves them at 34 req/s offered" in text
+    assert text.count("class=\"plotly-graph-div\"") == 2          # the curves and the engine chart
+    with pytest.raises(SystemExit, match="not a batchscope.sweep/1"):
+        mod.read_sweep(root / "tests/fixtures/vllm-serve-4qps.json")
