@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,9 +32,10 @@ class Fixture:
     # launch range, which the engine times from just outside the range, so spans differ by the range's own cost)
     tol_us: float = 20.0
     span_within_pct: float = 95.0
+    gap_within_pct: float | None = None     # None: as span_within_pct
     busy_points: float = 1.0
     causes_pct: float = 90.0
-    extra: dict = field(default_factory=dict)
+    idle_inside: bool = False           # launch-bound stretches inside steps' forwards that the trace must show
 
 
 FIXTURES = [
@@ -44,6 +45,16 @@ FIXTURES = [
     # async: the window's last step had launched the next one, whose ranges are in the trace too
     Fixture("batchscope-cpu-async.pt.trace.json.gz", "batchscope", "cpu", 11, {"async"},
             tol_us=150.0, span_within_pct=90.0, causes_pct=60.0),
+    # benchmarks/import_ground_truth.py on an H200 (llama3-8b-random, CUDA graphs), 40 steps cut out of each mode's
+    # trace by benchmarks/trace_window.py. Async beside our own recording of the same steps; sync alone, since in
+    # sync the start event on an idle device runs ahead of the first kernel by the profiled graph launch (docs/BENCHMARKS.md (o))
+    Fixture("batchscope-h200-async.pt.trace.json.gz", "batchscope", "cuda", 39, {"async"},
+            span_within_pct=90.0, gap_within_pct=85.0, causes_pct=70.0, idle_inside=True),
+    Fixture("batchscope-h200-sync.pt.trace.json.gz", "batchscope", "cuda", 39, {"sync"}, idle_inside=True),
+    # benchmarks/transformers_traces.py on an H200: transformers' continuous batching (generate_batch's manager,
+    # use_async_batching off and on, Llama-3-8B shapes, 32 requests), 6 decode steps of each cut out
+    Fixture("transformers-h200-sync.pt.trace.json.gz", "transformers", "cuda", 6, {"sync"}, idle_inside=True),
+    Fixture("transformers-h200-async.pt.trace.json.gz", "transformers", "cuda", 6, {"async"}, idle_inside=True),
 ]
 ASSERT_TOTAL_MIB = 4
 
@@ -73,6 +84,8 @@ def test_a_fixture_imports_as_expected(fx):
         if s.get("idle_inside_by_cause_us"):
             assert sum(s["idle_inside_by_cause_us"].values()) == pytest.approx(s["gpu_idle_inside_us"], abs=0.5)
     assert 0 < tl["summary"]["busy_pct"] <= 100
+    if fx.idle_inside:
+        assert sum(s.get("gpu_idle_inside_us") or 0 for s in tl["steps"]) > 0
     assert to_perfetto(tl)["traceEvents"]
 
 
@@ -87,6 +100,6 @@ def test_a_fixture_agrees_with_batchscopes_own_recording(fx):
         assert (s["mode"], s["prefill_tokens"], s["decode_tokens"], s["num_requests"]) == \
                (o["mode"], o["prefill_tokens"], o["decode_tokens"], o["num_requests"])
     assert agree["compute_span"]["within_pct"] >= fx.span_within_pct, agree["compute_span"]
-    assert agree["gap_before"]["within_pct"] >= fx.span_within_pct, agree["gap_before"]
+    assert agree["gap_before"]["within_pct"] >= (fx.gap_within_pct or fx.span_within_pct), agree["gap_before"]
     assert abs(agree["busy_pct"]["diff"]) <= fx.busy_points, agree["busy_pct"]
     assert agree["causes"]["matched_pct"] >= fx.causes_pct, agree["causes"]
