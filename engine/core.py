@@ -296,7 +296,7 @@ class EngineCore:
             kv_blocks_used=step.kv_blocks_used, kv_blocks_total=self.scheduler.allocator.num_blocks,
             queue_depth=plan.queue_depth, running=plan.running, host=step.host,
             gpu_events=la.events.spans() if la is not None and la.events is not None else None,
-            anchor=la.anchor if la is not None else None,
+            anchor=la.anchor if la is not None else None, epoch=la.epoch if la is not None else None,
             built_during_step=step.built_during_step,
             arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted,
             prefill_tokens_by_request={seq.req.id: seq.num_tokens for seq in plan.seqs

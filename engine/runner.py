@@ -40,6 +40,7 @@ from .sampler import sample, write_logprobs
 from .scheduler import StepPlan
 
 EVENT_NAMES = ("h2d_start", "h2d_end", "compute_start", "compute_end", "d2h_start", "d2h_end")
+EPOCH_NS = 1_000_000_000        # a fresh clock epoch (below) this often
 
 
 class SlotEvents:
@@ -68,6 +69,7 @@ class Launched:
     batch: Batch
     events: SlotEvents | None
     anchor: tuple[object, int] | None
+    epoch: tuple[object, int] | None = None
 
 
 class ModelRunner:
@@ -97,6 +99,7 @@ class ModelRunner:
             self.d2h_stream = torch.cuda.Stream(device)
             self.clock_stream = torch.cuda.Stream(device)   # only ever records clock anchors
             self.events = [SlotEvents(), SlotEvents()]
+            self.epoch: tuple[object, int] | None = None
         else:
             self.h2d_stream = self.compute_stream = self.d2h_stream = self.clock_stream = None
             self.events = []
@@ -155,6 +158,14 @@ class ModelRunner:
         before = time.perf_counter_ns()
         ev.anchor.record(self.clock_stream)
         anchor = (ev.anchor, (before + time.perf_counter_ns()) // 2)
+        # The device takes a varying while (tens of µs when it is busy) to see an anchor, so steps mapped each by
+        # its own anchor jitter against each other. An epoch is an anchor kept for a second (its event is never
+        # re-recorded): every step of that second is mapped through it, so the gaps between them are device time.
+        if self.epoch is None or anchor[1] - self.epoch[1] >= EPOCH_NS:
+            mark = torch.cuda.Event(enable_timing=True)
+            before = time.perf_counter_ns()
+            mark.record(self.clock_stream)
+            self.epoch = (mark, (before + time.perf_counter_ns()) // 2)
         # A start event on an idle stream completes at once, so everything between it and the first copy or
         # kernel must be device-free and short: the views are cut before it, the copies follow it directly.
         copies = [(slot.dev64[:n64], slot.host64[:n64]), (slot.dev32[:n32], slot.host32[:n32]),
@@ -180,7 +191,7 @@ class ModelRunner:
             slot.host_out[:n_out].copy_(slot.out[:n_out], non_blocking=True)
             ev.d2h_end.record()
         ev.used = True
-        return Launched(batch, ev, anchor)
+        return Launched(batch, ev, anchor, self.epoch)
 
     def _compute(self, batch: Batch, prev_out: torch.Tensor, start=None) -> None:
         """Runs on the compute stream: a graph replay for a step with a shape, else the eager forward (also for

@@ -37,6 +37,9 @@ class StepTrace:
     # (event, host perf_counter_ns) recorded at launch on a stream that holds no work, so the event completes
     # as soon as the device sees it: maps this step's events to host time. None on CPU.
     anchor: tuple[Any, int] | None = None
+    # (event, host perf_counter_ns) of the clock epoch: an anchor recorded once a second and kept, through which
+    # every step of that second is mapped (so their gaps are device time); None on CPU
+    epoch: tuple[Any, int] | None = None
     # the step the GPU was still running while this one was built and launched, consumed right after this
     # one's launch (async: step - 1); None when the device was idle (sync, or the first step after a pause)
     built_during_step: int | None = None

@@ -4,8 +4,16 @@ A CUDA event has no absolute time; `a.elapsed_time(b)` only gives the device tim
 (a query, not a wait). When it launches a step, the engine records an anchor event on a stream that never holds
 work and notes the host `perf_counter_ns()` at that moment: the event completes as soon as the device sees it,
 even while other streams are busy, so its device time is (almost exactly) that host time. Any event of the step
-then sits at `anchor_host + anchor.elapsed_time(event)`. Anchoring every step leaves no room for drift; the
-newest anchor is still kept for a trace that comes without one (a step that failed before its launch).
+then sits at `anchor_host + anchor.elapsed_time(event)`. The newest anchor is kept for a trace that comes without
+one (a step that failed before its launch).
+
+"As soon as the device sees it" varies, though: tens of µs while the device is busy. Steps mapped each through its
+own anchor then jitter against each other, and a gap between two steps (one event through each anchor) is off by
+the difference, either way. So the engine also keeps an epoch: an anchor recorded once a second whose event is
+never re-recorded. Every step of that second is mapped through it, and gaps between them are device time alone.
+What the epoch's own latency puts off is learnt from the steps' anchors: an anchor the epoch maps to before the
+host recorded it shows the epoch was seen later than that anchor, and the mapping moves on by the largest such
+lead (the least-delayed anchor wins); a new epoch starts where the old one maps it, so the lead carries over.
 
 Bounds keep the mapping honest when the anchor is a little off or the two clocks drift apart during a long busy
 stretch. Two are strict: a step's device work cannot start before the host began building it, and its D2H copy
@@ -13,8 +21,8 @@ cannot end after the host stopped waiting for it. One is learned: when the host 
 copy's end is what woke it, so the copy ended at most `wake_slack_us` before the wait ended. A single slow
 wake-up (the OS scheduling something else) must not move the clock, so that bound acts only once it has been
 violated `persist` blocked steps in a row, and then by the smallest violation among them. A violated bound
-shifts the mapping just enough; the shift is kept until the next anchor. Gap lengths come from device times
-alone, so a shift moves spans relative to the host lanes but never changes a gap.
+shifts the mapping just enough; the shift is kept until the next anchor (or epoch). Within an epoch, gap lengths
+come from device times alone, except where a shift or a larger lead moves the mapping.
 
 Only events of the trace being delivered are read: they are complete (the step was consumed) and they will be
 re-recorded two steps later, so no reference to them is kept.
@@ -31,6 +39,9 @@ def place(anchor_ns: float, offset_ms: float) -> float:
     return anchor_ns + offset_ms * 1e6
 
 
+MAX_LEAD_NS = 500_000       # a larger lead is a host that noted its anchor late (preempted), not the device
+
+
 class EventClock:
     def __init__(self, origin_ns: int, wake_slack_us: float = 30.0, persist: int = 8):
         self.origin_ns = origin_ns
@@ -38,6 +49,8 @@ class EventClock:
         self.persist = persist
         self._late_wakes: list[float] = []    # consecutive wake-bound violations (ns), newest last
         self._anchor: tuple | None = None     # (event, host_ns) of the newest anchor
+        self._epoch: tuple | None = None      # (event, host_ns) of the current epoch
+        self._lead_ns = 0.0                   # how much later than its record the epoch was seen, as learnt
         self._shift_ns = 0.0
         self.anchors = 0          # distinct anchors seen
         self.corrections = 0      # times a causal bound moved the mapping
@@ -54,6 +67,9 @@ class EventClock:
         if not events:
             return None, "none"
         try:
+            epoch = getattr(trace, "epoch", None)
+            if epoch is not None:
+                return self._through_epoch(events, epoch, trace.anchor, trace.host), "gpu"
             if trace.anchor is not None and trace.anchor is not self._anchor:
                 if self._anchor is None or trace.anchor[1] != self._anchor[1]:
                     self._shift_ns = 0.0        # a fresh anchor: forget the old correction
@@ -68,15 +84,32 @@ class EventClock:
             self.last_error = f"step {trace.step}: {type(exc).__name__}: {exc}"
             return None, "none"
 
-    def _anchored(self, events: dict, anchor: tuple, host: dict) -> dict:
+    def _through_epoch(self, events: dict, epoch: tuple, anchor: tuple | None, host: dict) -> dict:
+        epoch_event, epoch_ns = epoch
+        if self._epoch is None or epoch_ns != self._epoch[1]:
+            lead = 0.0
+            if self._epoch is not None:          # start where the old epoch (and what it learnt) maps this one
+                old_event, old_ns = self._epoch
+                lead = place(old_ns, old_event.elapsed_time(epoch_event)) + self._lead_ns - epoch_ns
+            self._epoch, self._lead_ns = epoch, lead if 0.0 <= lead <= MAX_LEAD_NS else 0.0
+            self._shift_ns = 0.0
+            self._late_wakes.clear()
+            self.anchors += 1
+        if anchor is not None:
+            lead = anchor[1] - place(epoch_ns, epoch_event.elapsed_time(anchor[0]))
+            if self._lead_ns < lead <= MAX_LEAD_NS:
+                self._lead_ns = lead
+        return self._anchored(events, epoch, host, self._lead_ns)
+
+    def _anchored(self, events: dict, anchor: tuple, host: dict, lead_ns: float = 0.0) -> dict:
         anchor_event, anchor_ns = anchor
         ns = {}
         for phase in GPU_PHASES:
             pair = events.get(phase)
             if pair is not None:
                 start, end = pair
-                ns[phase] = [place(anchor_ns, anchor_event.elapsed_time(start)),
-                             place(anchor_ns, anchor_event.elapsed_time(end))]
+                ns[phase] = [place(anchor_ns, anchor_event.elapsed_time(start)) + lead_ns,
+                             place(anchor_ns, anchor_event.elapsed_time(end)) + lead_ns]
         if ns:
             self._apply_bounds(ns, host)
         return {p: [self._us(a + self._shift_ns), self._us(b + self._shift_ns)] for p, (a, b) in ns.items()}

@@ -46,10 +46,10 @@ FIXTURES = [
     Fixture("batchscope-cpu-async.pt.trace.json.gz", "batchscope", "cpu", 11, {"async"},
             tol_us=150.0, span_within_pct=90.0, causes_pct=60.0),
     # benchmarks/import_ground_truth.py on an H200 (llama3-8b-random, CUDA graphs), 40 steps cut out of each mode's
-    # trace by benchmarks/trace_window.py. Async beside our own recording of the same steps; sync alone, since in
-    # sync the start event on an idle device runs ahead of the first kernel by the profiled graph launch (docs/BENCHMARKS.md (o))
-    Fixture("batchscope-h200-async.pt.trace.json.gz", "batchscope", "cuda", 39, {"async"},
-            span_within_pct=90.0, gap_within_pct=85.0, causes_pct=70.0, idle_inside=True),
+    # trace by benchmarks/trace_window.py. Async beside our own recording of the same steps, held to the full
+    # criteria; sync alone, since there the start event on an idle device runs ahead of the first kernel by the
+    # profiled launch (docs/BENCHMARKS.md (o))
+    Fixture("batchscope-h200-async.pt.trace.json.gz", "batchscope", "cuda", 39, {"async"}, idle_inside=True),
     Fixture("batchscope-h200-sync.pt.trace.json.gz", "batchscope", "cuda", 39, {"sync"}, idle_inside=True),
     # benchmarks/transformers_traces.py on an H200: transformers' continuous batching (generate_batch's manager,
     # use_async_batching off and on, Llama-3-8B shapes, 32 requests), 6 decode steps of each cut out

@@ -144,3 +144,54 @@ def test_cpu_traces_have_nothing_to_resolve():
     clock = EventClock(ORIGIN)
     tr = SimpleNamespace(step=0, host={}, gpu_events=None, anchor=None)
     assert clock.resolve(tr) == (None, "none")
+
+
+def _gaps(spans):
+    return [b["compute"][0] - a["compute"][1] for a, b in zip(spans, spans[1:])]
+
+
+def test_an_epoch_keeps_gaps_device_time_while_the_steps_anchors_jitter():
+    # a busy device sees each step's anchor 0-80 µs after the host recorded it; the epoch was seen 60 µs late
+    import random
+
+    rng = random.Random(3)
+    dev = Device()
+    t = ORIGIN + 5_000_000
+    epoch = (dev.event(t + 60_000), t)
+    per_anchor, per_epoch = EventClock(ORIGIN), EventClock(ORIGIN)
+    mapped = {"anchor": [], "epoch": []}
+    truths = []
+    for i in range(200):
+        late = rng.uniform(0, 80_000)
+        anchor = (dev.event(t + 45_000 + late), t + 45_000)
+        tr, truth = trace(dev, t, anchor=anchor, step=i, queued_ns=900_000)
+        mapped["anchor"].append(per_anchor.resolve(tr)[0])
+        tr.epoch = epoch
+        mapped["epoch"].append(per_epoch.resolve(tr)[0])
+        truths.append(truth)
+        t += 1_100_000
+    true_gaps = _gaps(truths)
+    off = [abs(g - h) for g, h in zip(_gaps(mapped["epoch"]), true_gaps)]
+    assert sum(o <= 1.0 for o in off) >= 0.95 * len(off), max(off)      # device time, but for the lead's moves
+    assert max(abs(g - h) for g, h in zip(_gaps(mapped["anchor"]), true_gaps)) > 30.0   # each its own: jitter
+    # the least-delayed anchor sets the lead: events land within its delay (~0.4 µs of 80) of the truth
+    late_steps = [abs(m["compute"][0] - tr_["compute"][0]) for m, tr_ in zip(mapped["epoch"][100:], truths[100:])]
+    assert max(late_steps) < 5.0
+    assert per_epoch.anchors == 1
+
+
+def test_a_new_epoch_starts_where_the_old_one_maps_it():
+    dev, clock = Device(), EventClock(ORIGIN)
+    t = ORIGIN + 5_000_000
+    first = (dev.event(t + 5_000), t)                 # seen 5 µs late
+    tr, truth = trace(dev, t, anchor=(dev.event(t + 45_000), t + 45_000), step=0)
+    tr.epoch = first
+    gpu, _ = clock.resolve(tr)
+    assert gpu["compute"] == pytest.approx(truth["compute"], abs=0.11)     # the anchor taught the 5 µs
+    t2 = t + 1_000_000_000
+    second = (dev.event(t2 + 70_000), t2)             # the next epoch was seen 70 µs late; no anchor says so
+    tr, truth = trace(dev, t2, step=1)
+    tr.epoch = second
+    gpu, _ = clock.resolve(tr)
+    assert gpu["compute"] == pytest.approx(truth["compute"], abs=0.11)
+    assert clock.anchors == 2
