@@ -13,7 +13,8 @@ the difference, either way. So the engine also keeps an epoch: an anchor recorde
 never re-recorded. Every step of that second is mapped through it, and gaps between them are device time alone.
 What the epoch's own latency puts off is learnt from the steps' anchors: an anchor the epoch maps to before the
 host recorded it shows the epoch was seen later than that anchor, and the mapping moves on by the largest such
-lead (the least-delayed anchor wins); a new epoch starts where the old one maps it, so the lead carries over.
+lead (the least-delayed anchor wins); a new epoch starts where the old one maps it, so the lead carries over
+(drift that carrying piles up is held by the bounds below; after an idle stretch of seconds nothing is carried).
 
 Bounds keep the mapping honest when the anchor is a little off or the two clocks drift apart during a long busy
 stretch. Two are strict: a step's device work cannot start before the host began building it, and its D2H copy
@@ -25,7 +26,7 @@ shifts the mapping just enough; the shift is kept until the next anchor (or epoc
 come from device times alone, except where a shift or a larger lead moves the mapping.
 
 Only events of the trace being delivered are read: they are complete (the step was consumed) and they will be
-re-recorded two steps later, so no reference to them is kept.
+re-recorded two steps later, so no reference to them is kept (the epoch's, never re-recorded, is the one kept).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def place(anchor_ns: float, offset_ms: float) -> float:
 
 
 MAX_LEAD_NS = 500_000       # a larger lead is a host that noted its anchor late (preempted), not the device
+CARRY_WITHIN_NS = 3_000_000_000     # an older epoch (the engine sat idle) says nothing of the drift since
 
 
 class EventClock:
@@ -88,7 +90,8 @@ class EventClock:
         epoch_event, epoch_ns = epoch
         if self._epoch is None or epoch_ns != self._epoch[1]:
             lead = 0.0
-            if self._epoch is not None:          # start where the old epoch (and what it learnt) maps this one
+            if self._epoch is not None and epoch_ns - self._epoch[1] <= CARRY_WITHIN_NS:
+                # start where the old epoch (and what it learnt) maps this one
                 old_event, old_ns = self._epoch
                 lead = place(old_ns, old_event.elapsed_time(epoch_event)) + self._lead_ns - epoch_ns
             self._epoch, self._lead_ns = epoch, lead if 0.0 <= lead <= MAX_LEAD_NS else 0.0

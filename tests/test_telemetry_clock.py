@@ -195,3 +195,40 @@ def test_a_new_epoch_starts_where_the_old_one_maps_it():
     gpu, _ = clock.resolve(tr)
     assert gpu["compute"] == pytest.approx(truth["compute"], abs=0.11)
     assert clock.anchors == 2
+
+
+def test_epochs_do_not_accumulate_drift():
+    # the device clock runs 100 ppm fast; a fresh epoch every second for a minute, each seen 0-60 µs late, steps'
+    # anchors 0-80 µs late: placement stays within the least anchor delay plus a second's drift, epoch after epoch
+    import random
+
+    rng = random.Random(5)
+    dev, clock = Device(drift_ppm=100.0), EventClock(ORIGIN)
+    t = ORIGIN + 5_000_000
+    worst = 0.0
+    for second in range(60):
+        e0 = t
+        epoch = (dev.event(e0 + rng.uniform(0, 60_000)), e0)
+        for i in range(50):
+            anchor = (dev.event(t + 45_000 + rng.uniform(0, 80_000)), t + 45_000)
+            tr, truth = trace(dev, t, anchor=anchor, step=second * 50 + i, queued_ns=900_000)
+            tr.epoch = epoch
+            gpu, _ = clock.resolve(tr)
+            if i >= 10:                 # once a few anchors have been seen in this epoch
+                worst = max(worst, abs(gpu["compute"][0] - truth["compute"][0]))
+            t += 20_000_000
+    assert worst < 110.0, worst     # a second of 100 ppm is 100 µs; carried from epoch to epoch it grew without end
+
+
+def test_an_epoch_after_an_idle_stretch_carries_nothing():
+    dev, clock = Device(drift_ppm=10.0), EventClock(ORIGIN)
+    t = ORIGIN + 5_000_000
+    tr, _ = trace(dev, t, step=0)
+    tr.epoch = (dev.event(t), t)
+    clock.resolve(tr)
+    t2 = t + 30_000_000_000             # 30 s idle: 300 µs of drift between the two epochs, not a delay to carry
+    tr, truth = trace(dev, t2, step=1)
+    tr.epoch = (dev.event(t2), t2)
+    gpu, _ = clock.resolve(tr)
+    assert clock._lead_ns == 0.0
+    assert gpu["compute"] == pytest.approx(truth["compute"], abs=2.0)
