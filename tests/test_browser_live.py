@@ -100,9 +100,11 @@ def test_the_header_agrees_with_the_scoreboard_and_never_reads_zero_under_load(s
         # averages over a few steps, the header over the last second, hence the wider margin; the bug this
         # guards against dived to 40-60% at the edge). A chart out of sight is drawn once it scrolls in.
         page.locator("#bs-c-busy").scroll_into_view_if_needed()
-        page.wait_for_function("(document.getElementById('bs-c-busy').data || []).length > 0", timeout=T)
-        edge = page.evaluate("""() => { const t = document.getElementById('bs-c-busy').data[0];
-            return t.y.filter(v => v !== null).slice(-1)[0]; }""")
+        newest = """() => { const t = (document.getElementById('bs-c-busy').data || [])[0];
+            return t ? t.y.filter(v => v !== null).slice(-1)[0] : undefined; }"""
+        # (its first picture may come before the window holds enough steps for a point: wait for one)
+        page.wait_for_function(f"({newest})() !== undefined", timeout=T)
+        edge = page.evaluate(newest)
         now = header(page)
         assert abs(edge - float(now["busy"].rstrip("%"))) <= 10.0, (edge, now, samples[-1])
         assert not errors, errors
