@@ -12,19 +12,21 @@ profiled launch (docs/BENCHMARKS.md (o)); on recordings without one it is what b
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from batchscope.app.server.replay import read_timeline_file  # noqa: E402
+
 MIN_STEPS = 3          # per batch size and mode
 
 
 def spans_by_batch(path: Path) -> dict[int, list[float]]:
-    raw = path.read_bytes()
-    tl = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    tl = read_timeline_file(path)
     out = defaultdict(list)
     for s in tl["steps"]:
         c = (s.get("gpu") or {}).get("compute")
