@@ -156,7 +156,7 @@ def test_live_page_story(server, browser, tmp_path):
         peak = f"Math.max(0, ...(document.getElementById('{chart}').data || []).flatMap(t => t.y.filter(v => v !== null)))"
         page.wait_for_function(f"{peak} > 0", timeout=T)
         assert page.evaluate(peak) > 0, f"{chart} drew nothing"
-        # no axis has Plotly measure its tick labels for overflow at every redraw (a fifth of a picture's cost)
+        # no axis has Plotly measure its tick labels for overflow at every redraw (much of a picture's cost)
         measured = page.evaluate(f"""Object.entries(document.getElementById('{chart}').layout)
             .filter(([k, v]) => /^[xy]axis\\d*$/.test(k) && v.ticklabeloverflow !== 'allow').map(([k]) => k)""")
         assert measured == [], (chart, measured)

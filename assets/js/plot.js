@@ -81,7 +81,7 @@ export function causeColor(cause) {
 const drawing = { bound: new WeakSet(), own: 0 };
 
 // Plotly's default for tick labels ("hide past div") measures the box of every label of every axis at every
-// redraw to hide the ones that stick out: a fifth of a picture's time on a 2-core machine. Ours sit inside fixed
+// redraw to hide the ones that stick out: much of a picture's time on a 2-core machine. Ours sit inside fixed
 // margins, so nothing needs hiding.
 function unmeasured(layout) {
   for (const key of Object.keys(layout)) {

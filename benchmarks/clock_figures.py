@@ -1,0 +1,82 @@
+"""The figures BENCHMARKS (o) gives for the clock epoch, from committed recordings, into one JSON.
+
+    python benchmarks/clock_figures.py --json benchmarks/results/2026-12-02-h200-clock-epoch/clock_figures.json
+
+- async gaps between consecutive steps (compute start minus the previous compute end) on the served load, before
+  and with the epoch: how many are negative (a step "starting" before the one before it ended) and percentiles;
+- where the profiler's delay sits in a sync decode step: H2D end -> compute start and compute end -> D2H start,
+  in batchscope's own timeline and in the imported trace of the same steps;
+- the imported (kernel) spans of sync and async decode steps of equal batch (sync_event_offset's method).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from batchscope.app.server.replay import read_timeline_file  # noqa: E402
+from sync_event_offset import offset, spans_by_batch  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+SERVED = {"before": RESULTS / "2026-12-02-h200-served" / "s12.async.timeline.json.gz",
+          "epoch": RESULTS / "2026-12-02-h200-clock-epoch" / "s12.async.timeline.json.gz"}
+TRUTH = {"before": RESULTS / "2026-12-02-h200-import-truth", "epoch": RESULTS / "2026-12-02-h200-clock-epoch"}
+
+
+def pct(values: list[float], q: float) -> float:
+    return round(values[min(len(values) - 1, int(q * len(values)))], 1)
+
+
+def async_gaps(path: Path) -> dict:
+    steps = read_timeline_file(path)["steps"]
+    by = {s["step"]: s for s in steps}
+    gaps = sorted(s["compute_us"][0] - by[s["step"] - 1]["compute_us"][1] for s in steps
+                  if s["mode"] == "async" and s.get("compute_us") and (p := by.get(s["step"] - 1))
+                  and p["mode"] == "async" and p.get("compute_us"))
+    return {"gaps": len(gaps), "negative_pct": round(100 * sum(g < -1 for g in gaps) / len(gaps), 2),
+            **{f"p{int(q * 100)}_us": pct(gaps, q) for q in (0.01, 0.05, 0.5, 0.95, 0.99)}}
+
+
+def sync_edges(folder: Path) -> dict:
+    """Per sync decode step, the H2D end -> compute start and compute end -> D2H start, ours and the trace's."""
+    own = {s["step"]: s for s in read_timeline_file(folder / "sync.timeline.json.gz")["steps"]}
+    rows = {"own_head_us": [], "trace_head_us": [], "own_tail_us": [], "trace_tail_us": []}
+    for s in read_timeline_file(folder / "sync.imported.timeline.json.gz")["steps"]:
+        o, g = own.get(s["step"]), s.get("gpu") or {}
+        og = (o or {}).get("gpu") or {}
+        if s["prefill_tokens"] or not all(k in g and k in og for k in ("h2d", "compute", "d2h")):
+            continue
+        rows["own_head_us"].append(og["compute"][0] - og["h2d"][1])
+        rows["trace_head_us"].append(g["compute"][0] - g["h2d"][1])
+        rows["own_tail_us"].append(og["d2h"][0] - og["compute"][1])
+        rows["trace_tail_us"].append(g["d2h"][0] - g["compute"][1])
+    out = {"steps": len(rows["own_head_us"])}
+    for k, v in rows.items():
+        v.sort()
+        out[k] = {"p5": pct(v, 0.05), "p50": round(statistics.median(v), 1), "p95": pct(v, 0.95)} if v else None
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", type=Path, required=True)
+    a = p.parse_args(argv)
+    res = {"served_async_gaps": {k: async_gaps(v) for k, v in SERVED.items()},
+           "sync_decode_edges": {k: sync_edges(v) for k, v in TRUTH.items()},
+           "imported_spans_sync_minus_async": {
+               k: {kk: vv for kk, vv in offset(spans_by_batch(v / "sync.imported.timeline.json.gz"),
+                                               spans_by_batch(v / "async.imported.timeline.json.gz")).items()
+                   if kk != "rows"} for k, v in TRUTH.items()}}
+    a.json.write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
