@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split the model over N GPUs (one process each, started here), or N CPU processes")
+    s.add_argument("--cpu-threads", type=positive_int, default=None, metavar="N",
+                   help="a CPU engine's math threads (default: every core but one when serving this machine's "
+                        "own browser, which draws the page from the same cores; else torch's default)")
+    s.add_argument("--nice", type=niceness, default=None, metavar="N",
+                   help="a CPU engine's steps at Linux niceness N, 0-19 (default: 10 when serving this machine's "
+                        "own browser, so the page is drawn first; else 0)")
     s.add_argument("--profile-steps", type=int, default=None, metavar="N",
                    help="run torch.profiler over the first N steps after start-up (GET /api/profile for the trace)")
     _limit_args(s)
@@ -127,6 +133,7 @@ def cmd_serve(args) -> int:
                               max_batch_tokens=args.max_batch_tokens, max_running=args.max_running,
                               seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
                               mixed_graphs=not args.no_mixed_graphs).validate()
+        config.cpu_threads, config.nice = share_with_page(config.device, args.host, args.cpu_threads, args.nice)
         preflight(config.model)       # a broken or refused checkpoint folder: one line, before "loading ..."
     except ValueError as e:
         _say(str(e))
@@ -141,11 +148,44 @@ def cmd_serve(args) -> int:
         _say(str(e))
         return 2
     info = state.engine.info
-    _say(f"loaded {info.get('model')} on {info.get('device')} ({info.get('dtype')}), mode {state.engine.mode}")
+    threads = f", {info['cpu_threads']} of {os.cpu_count()} cores" if info.get("cpu_threads") else ""
+    threads += f", nice {info['nice']}" if info.get("nice") else ""
+    _say(f"loaded {info.get('model')} on {info.get('device')} ({info.get('dtype')}{threads}), mode {state.engine.mode}")
     if args.profile_steps:
         state.start_profile(args.profile_steps)
         _say(f"profiling the first {args.profile_steps} steps: GET /api/profile, then its trace_url")
     return _serve(state, args)
+
+
+def share_with_page(device: str, host: str, threads: int | None = None,
+                    nice: int | None = None) -> tuple[int | None, int]:
+    """A CPU engine's (math threads, niceness) for `serve`: what was asked, or, when the page is drawn on this
+    machine (a loopback bind) and the engine computes on its CPU, every core but one and niceness 10. torch takes
+    every core and the browser then waits for one: on a 2-core machine a chart's 40 ms redraw stretched past 100 ms,
+    a visible stall; with a core left and the steps at a lower priority the worst frame gap was 50 ms
+    (docs/BENCHMARKS.md (q)). A page drawn elsewhere or a GPU engine: torch's threads, niceness 0."""
+    import torch
+
+    from batchscope.engine.model.loading import resolve_device
+
+    from .server.app import is_loopback
+
+    if not is_loopback(host) or resolve_device(device).type != "cpu":
+        return threads, nice or 0
+    cores = os.cpu_count() or 1
+    if threads is None and cores >= 2:
+        threads = min(torch.get_num_threads(), cores - 1)
+    return threads, 10 if nice is None else nice
+
+
+def niceness(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 19, got {text!r}")
+    return value
 
 
 def _check_profile_steps(steps: int | None) -> None:

@@ -3,6 +3,9 @@ cache and build the runner. The engine's process (rank 0) and every other rank (
 way, in the same order, so the collectives inside meet. At tensor parallel size 1 it is simply the engine's build."""
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +54,21 @@ def check_tensor_parallel(config: EngineConfig) -> None:
     elif base.type != "cpu":
         raise ConfigError(f"tensor parallel runs on CUDA (NCCL) or the CPU (gloo), not on {base.type}")
     plan_layout(model_config(config), 0, size)
+
+
+def use_cpu_threads(config: EngineConfig) -> None:
+    """A CPU engine's ranks share the cores: each takes its part of cpu_threads (of torch's default when unset)."""
+    total = config.cpu_threads or torch.get_num_threads()
+    if config.cpu_threads is not None or config.tensor_parallel_size > 1:
+        torch.set_num_threads(max(1, total // config.tensor_parallel_size))
+
+
+def lower_priority(config: EngineConfig) -> None:
+    """The calling thread computes at `config.nice` from now on, and so do the math threads it starts (Linux keeps
+    niceness per thread, and a new thread inherits it). Only on Linux: elsewhere it would be the whole process's."""
+    if config.nice and sys.platform.startswith("linux"):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(config.nice, os.getpriority(os.PRIO_PROCESS, tid)))
 
 
 def load_rank(config: EngineConfig, rank: int = 0) -> RankModel:

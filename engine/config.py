@@ -39,6 +39,9 @@ class EngineConfig:
                                     # fused norms, rotary, SiLU*up, few-row GEMMs; on CPU, oneDNN-packed linears
     merge_projections: bool = True  # one GEMM for q/k/v and one for gate/up per layer (kernels/projections.py)
     tensor_parallel_size: int = 1   # ranks (one process and one GPU each) the model's layers are split over
+    cpu_threads: int | None = None  # a CPU engine's math threads, its ranks together (None: torch's default)
+    nice: int = 0                   # the engine's steps at a lower CPU priority (Linux niceness, 0-19): a CPU
+                                    # engine gives way to a browser drawing its page on the same cores
 
     def validate(self) -> "EngineConfig":
         if self.mode not in MODES:
@@ -54,6 +57,11 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if isinstance(self.tensor_parallel_size, bool):
             raise ConfigError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
+        if self.cpu_threads is not None and (isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int)
+                                             or self.cpu_threads < 1):
+            raise ConfigError(f"cpu_threads must be a positive integer, got {self.cpu_threads!r}")
+        if isinstance(self.nice, bool) or not isinstance(self.nice, int) or not 0 <= self.nice <= 19:
+            raise ConfigError(f"nice must be an integer from 0 to 19, got {self.nice!r}")
         if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 2):
             raise ConfigError(f"num_blocks must be an integer >= 2, got {self.num_blocks!r}")
         if not 0.0 < self.kv_memory_fraction < 1.0:

@@ -13,7 +13,8 @@ from typing import Sequence
 
 import torch
 
-from .build import blocks_that_fit, check_tensor_parallel, load_rank, make_runner, rank_device
+from .build import (blocks_that_fit, check_tensor_parallel, load_rank, lower_priority, make_runner, rank_device,
+                    use_cpu_threads)
 from .config import ConfigError, EngineConfig, EngineUnavailable, SamplingParams
 from .core import EngineCore
 from .kv_cache import BlockAllocator
@@ -39,6 +40,8 @@ class Engine:
         self._ranks = start_ranks(config)
         try:
             self._ranks.join(rank_device(config, 0))
+            if rank_device(config, 0).type == "cpu":
+                use_cpu_threads(config)
             rm = load_rank(config, 0)
             num_blocks = self._ranks.agree_blocks(blocks_that_fit(rm, config))
             self.device, self.attention = rm.device, rm.attention
@@ -184,6 +187,7 @@ class Engine:
 
     # -- the engine thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
+        lower_priority(self.config)
         core = self._core
         mode = core.requested_mode
         with torch.inference_mode(), core.runner.stream_context():
@@ -245,6 +249,7 @@ class Engine:
         return {
             "model": self.config.model, "device": str(self.device), "dtype": str(self.model.dtype).replace("torch.", ""),
             "gpu_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+            "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" else None, "nice": self.config.nice,
             "num_params": sum(p.numel() for p in self.model.parameters()),
             "weight_bytes": weight_bytes(self.model),
             "kv_bytes_per_token": self.kv.layout.bytes_per_token(self.model.dtype),

@@ -15,7 +15,7 @@ from multiprocessing.connection import Client
 import torch
 
 from .batch import from_message
-from .build import blocks_that_fit, load_rank, make_runner, rank_device
+from .build import blocks_that_fit, load_rank, lower_priority, make_runner, rank_device, use_cpu_threads
 from .config import EngineConfig
 from .parallel import wire
 from .parallel.ranks import FLUSH, STOP, init_group
@@ -41,7 +41,8 @@ def peer_main(address: str, rank: int, port: int, parent_pid: int) -> None:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         else:   # the ranks share the CPU's cores
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
+            use_cpu_threads(config)
+            lower_priority(config)
         # said before the rendezvous: rank 0 enters it only once every rank got this far (a rank that fails
         # earlier, importing or picking its device, is reported instead of leaving rank 0 waiting there)
         reports.send(("joining", rank))
