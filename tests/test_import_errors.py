@@ -108,13 +108,44 @@ def test_two_files_of_one_rank_are_refused(tmp_path):
     fails([a, b], TraceImportError, "rank 0")
 
 
+NSYS_CPU_ONLY = Path(__file__).parent / "fixtures" / "nsys-2022.4-cpu-only.sqlite"
+
+
 def test_other_files(tmp_path):
     db = tmp_path / "report.sqlite"
     sqlite3.connect(db).execute("create table t (x)").connection.commit()
-    fails(db, TraceImportError, "SQLite")
+    fails(db, NotATraceError, "SQLite file, but not an Nsight Systems export")
     fails(tmp_path / "missing.json", TraceImportError, "no such file")
     with pytest.raises(TraceImportError, match="no trace files"):
         import_trace([])
+
+
+def test_an_nsight_export_without_device_work_says_so():
+    """A real export (Nsight Systems 2022.4, schema 3.0) of a process that ran no CUDA: its tables are read, and
+    with no kernel, copy or memset there is no device idle time to name."""
+    fails(NSYS_CPU_ONLY, NoDeviceActivityError, "no device activity")
+
+
+def test_an_nsight_export_of_another_schema_is_refused_with_its_version(tmp_path):
+    other = tmp_path / "newer.sqlite"
+    other.write_bytes(NSYS_CPU_ONLY.read_bytes())
+    con = sqlite3.connect(other)
+    con.execute("UPDATE EXPORT_META_DATA SET value = '4' WHERE name = 'EXPORT_SCHEMA_VERSION_MAJOR'")
+    con.execute("UPDATE EXPORT_META_DATA SET value = '4.1.0' WHERE name = 'EXPORT_SCHEMA_VERSION'")
+    con.commit()
+    con.close()
+    msg = fails(other, TraceImportError, "schema 4.1.0")
+    assert "2022.4.2.1" in msg and "3.x" in msg
+
+
+def test_an_nsight_export_whose_tables_are_not_as_expected_is_one_line(tmp_path):
+    broken = tmp_path / "broken.sqlite"
+    broken.write_bytes(NSYS_CPU_ONLY.read_bytes())
+    con = sqlite3.connect(broken)
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER)")     # a kernel table without its columns
+    con.commit()
+    con.close()
+    fails(broken, TraceImportError, "does not understand")
 
 
 def test_steps_whose_device_work_cannot_be_tied_to_them_say_so(tmp_path):

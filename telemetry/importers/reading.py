@@ -2,8 +2,9 @@
 file, parallel_read.py), keep the trailing keys."""
 from __future__ import annotations
 
-from .errors import NotATraceError, TraceImportError
+from .errors import NotATraceError
 from .kineto_json import read_events, read_header
+from .nsys_sqlite import read_nsys_sqlite
 from .opening import file_kind
 from .parallel_read import read_events_parallel, worth_it
 from .tables import TraceTables, build_tables
@@ -15,7 +16,7 @@ def read_trace(path: str, on_bytes=None, partial: bool = False, workers: int | N
     if kind == "empty":
         raise NotATraceError(f"{path}: empty file")
     if kind == "sqlite":
-        raise TraceImportError(f"{path}: an SQLite file (an Nsight Systems export?): not a Kineto JSON trace")
+        return read_nsys_sqlite(path, on_bytes)
     layout, header = read_header(path)
     got = None
     if workers != 1 and (workers or worth_it(path, kind)):

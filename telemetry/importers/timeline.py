@@ -163,7 +163,8 @@ def _meta(analyses, ranks, shifts, origin, lanes_meta, clock_notes, skews) -> di
               "trace_start": _iso(fa.tables.start_us + s) if fa.tables.abs_offset_us() is not None else None}
              for fa, r, s in zip(analyses, ranks, shifts)]
     known_clock = t.abs_offset_us() is not None
-    source = {"tool": "torch.profiler (Kineto)", "format": "chrome-trace-json", "engine": ref.engine,
+    source = {"tool": t.header.get("batchscope_tool", "torch.profiler (Kineto)"),
+              "format": t.header.get("batchscope_format", "chrome-trace-json"), "engine": ref.engine,
               "engine_evidence": ref.engine_evidence, "vendor": chip, "files": files,
               "trace_start": _iso(origin) if known_clock else None, "steps_from": ref.steps_from,
               "inferred": inferred, "unknown": unknown, "notes": notes, "clock": skews,
