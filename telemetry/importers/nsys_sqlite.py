@@ -10,6 +10,7 @@ clock. Read with SQL, one table at a time; a table the export lacks is simply em
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 
 from .collector import SYNC_KINDS, EventCollector
@@ -52,7 +53,6 @@ def read_nsys_sqlite(path: str, on_bytes=None) -> TraceTables:
         _ranges(con, have, col, strings)
         meta = _names(con, have, strings)
         if on_bytes is not None:
-            import os
             on_bytes(os.path.getsize(path))
     except sqlite3.DatabaseError as exc:
         raise TraceImportError(f"{path}: an Nsight Systems export this reader does not understand ({exc}; "
