@@ -90,7 +90,7 @@ def _periods_ms(starts) -> list[float]:
 def forecast_stretch(run: list[dict]) -> dict | None:
     """Measured sync and forecast async ms/step ({n, mean, p50, p90, p99}) for one sync stretch, the speedup
     (measured mean / forecast mean), the time it would save, the forecast busy % and which bound held how
-    often. None when the stretch has fewer than three steps with device compute."""
+    often. None when the stretch has fewer than three steps with device compute, or no two of them in a row."""
     done = _forecast_run(run)
     return done[0] if done else None
 
@@ -99,8 +99,10 @@ def _forecast_run(run: list[dict]) -> tuple[dict, list, list] | None:
     costs = step_costs(run)
     if len(costs) < 3:
         return None
-    sim = simulate(costs)
     measured = [ms for rec, ms in run_periods(run) if _device_compute(rec)]
+    if not measured:            # no two steps with device compute in a row (a trace that lost most of its ops)
+        return None
+    sim = simulate(costs)
     forecast = _periods_ms([s["cs"] for s in sim])
     span_us = sim[-1]["ce"] - sim[0]["cs"]
     bounds = {b: 0 for b in BOUNDS}
@@ -146,7 +148,7 @@ def forecast_runs(sync_runs, async_runs) -> dict:
             forecast += f
             out["stretches"].append(stats)
     if not out["stretches"]:
-        out["reason"] = "no sync stretch has three steps with device compute"
+        out["reason"] = "no sync stretch has three steps with device compute, two of them in a row"
         return out
     m, f = percentiles(measured), percentiles(forecast)
     out.update(applicable=True, steps=sum(s["steps"] for s in out["stretches"]), measured_ms_per_step=m,

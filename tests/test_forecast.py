@@ -110,6 +110,19 @@ def test_a_cpu_run_has_nothing_for_async_to_hide():
     assert forecast_async([])["reason"] == "no sync steps to forecast from"
 
 
+def test_a_trace_that_lost_most_device_ops_forecasts_nothing_instead_of_failing():
+    # an import whose steps kept device work only here and there (no two in a row): nothing to measure a
+    # period on, so no forecast, and the reason says so
+    steps = sync_steps(12, compute_us=1_000, host_us=500)
+    for s in steps:
+        if s["step"] % 3:
+            s["compute_us"], s["compute_basis"], s["gpu_idle_before_us"] = None, "none", None
+    assert len(step_costs(steps)) == 4
+    assert forecast_stretch(steps) is None
+    f = forecast_async(steps)
+    assert not f["applicable"] and "in a row" in f["reason"]
+
+
 def test_the_forecast_is_checked_against_the_async_stretches_beside_it():
     sync = sync_steps(30, compute_us=10_000, host_us=2_000)
     later = sync_steps(30, compute_us=10_000, host_us=2_000, mode="async")
