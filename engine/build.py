@@ -122,4 +122,5 @@ def make_runner(rm: RankModel, config: EngineConfig, num_blocks: int, ranks: Ran
         with tqdm(total=len(runner.graphs.keys()), desc="batchscope: capturing CUDA graphs", leave=False,
                   disable=not show_progress) as bar:
             runner.graphs.capture_all(progress=bar.update)
+    runner.measure_start_kernel()
     return kv, runner

@@ -296,6 +296,8 @@ class EngineCore:
             kv_blocks_used=step.kv_blocks_used, kv_blocks_total=self.scheduler.allocator.num_blocks,
             queue_depth=plan.queue_depth, running=plan.running, host=step.host,
             gpu_events=la.events.spans() if la is not None and la.events is not None else None,
+            compute_head=la.events.head() if la is not None and la.events is not None else None,
+            start_kernel_ns=self.runner.start_kernel_ns,
             anchor=la.anchor if la is not None else None, epoch=la.epoch if la is not None else None,
             built_during_step=step.built_during_step,
             arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted,

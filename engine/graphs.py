@@ -13,7 +13,7 @@ keeps its mixed steps eager).
 `StepGraphs` owns all of it: the shapes, the captured graphs and their memory pool, which of them time
 themselves, which sampling paths run eagerly, and the expert dispatch the graphs were captured with. The runner
 (runner.py) asks it which shape a step gets and lets it replay; it hands over its slots, their events, the compute
-stream and its forward at construction, and nothing of the runner is reached from here otherwise.
+stream, its forward and its start marker at construction, and nothing of the runner is reached from here otherwise.
 """
 from __future__ import annotations
 
@@ -72,12 +72,14 @@ class StepGraphs:
     """The step graphs of one runner: shape choice, capture at start-up, replay."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, slots: list[IoSlot], events: list,
-                 compute_stream, forward: Callable, carry_source: Callable, block_size: int, max_blocks: int,
+                 compute_stream, forward: Callable, carry_source: Callable, mark_start: Callable,
+                 block_size: int, max_blocks: int,
                  scratch_block: int, max_rows: int, enabled: bool, note: str | None = None,
                  max_tokens: int = 0, mixed: bool = False):
         self.model, self.device = model, device
         self.slots, self.events, self.compute_stream = slots, events, compute_stream
         self._forward, self._carry_source = forward, carry_source      # the runner's: (batch, prev_out), (slot)
+        self._mark_start = mark_start                                   # the runner's: (before, after)
         self.block_size, self.max_blocks, self.scratch_block = block_size, max_blocks, scratch_block
         self.enabled = enabled
         self.buckets = graph_buckets(max_rows)
@@ -213,7 +215,7 @@ class StepGraphs:
             with experts_implementation(self.experts, self.experts_impl), \
                     torch.cuda.graph(graph, pool=self.pool, stream=self.compute_stream):
                 if self.events_ok:
-                    ev.graph_start.record()
+                    self._mark_start(ev.graph_start, ev.graph_started)
                 self._forward(batch, other)
                 if self.events_ok:
                     ev.graph_end.record()

@@ -19,6 +19,7 @@ from .build import blocks_that_fit, load_rank, lower_priority, make_runner, rank
 from .config import EngineConfig
 from .parallel import wire
 from .parallel.ranks import FLUSH, STOP, init_group
+from .trace import head_start_ms
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -83,11 +84,11 @@ def follow(runner, ctrl, reports, rank: int) -> None:
             return
         if kind == FLUSH:
             done = [pending.pop(s) for s in sorted(pending, key=lambda s: pending[s][0])]
-            _report(reports, rank, done)
+            _report(reports, rank, runner, done)
             continue
         slot = runner.slots[wire.peek(body, "slot")]
         if slot.index in pending:
-            _report(reports, rank, [pending.pop(slot.index)])
+            _report(reports, rank, runner, [pending.pop(slot.index)])
         runner.wait_slot_free(slot)
         batch = from_message(body, slot)
         t0 = time.perf_counter_ns()
@@ -95,7 +96,7 @@ def follow(runner, ctrl, reports, rank: int) -> None:
         pending[slot.index] = (wire.peek(body, "step"), launched, (t0, time.perf_counter_ns()))
 
 
-def _report(reports, rank: int, done: list) -> None:
+def _report(reports, rank: int, runner, done: list) -> None:
     """Send finished steps' spans to rank 0 as (rank, step, anchor_ns, {phase: (start_ms, end_ms)}): the anchor's
     host time and each event's device time after it. Telemetry places them on the host clock (telemetry/clock.py)."""
     spans = []
@@ -106,8 +107,11 @@ def _report(reports, rank: int, done: list) -> None:
             continue
         ev.d2h_end.synchronize()
         anchor, anchor_ns = launched.anchor
-        spans.append((rank, step, anchor_ns, {phase: (anchor.elapsed_time(a), anchor.elapsed_time(b))
-                                              for phase, (a, b) in ev.spans().items()}))
+        phases = {phase: [anchor.elapsed_time(a), anchor.elapsed_time(b)] for phase, (a, b) in ev.spans().items()}
+        head = ev.head()
+        if head is not None:        # the compute span starts with its first kernel (runner.mark_start)
+            phases["compute"][0] += head_start_ms(head[0].elapsed_time(head[1]), runner.start_kernel_ns / 1e6)
+        spans.append((rank, step, anchor_ns, {phase: tuple(span) for phase, span in phases.items()}))
     if spans:
         reports.send(("spans", spans))
 

@@ -39,7 +39,7 @@ from .penalties import PenaltyState
 from .sampler import sample, write_logprobs
 from .scheduler import StepPlan
 
-EVENT_NAMES = ("h2d_start", "h2d_end", "compute_start", "compute_end", "d2h_start", "d2h_end")
+EVENT_NAMES = ("h2d_start", "h2d_end", "compute_start", "compute_started", "compute_end", "d2h_start", "d2h_end")
 EPOCH_NS = 1_000_000_000        # a fresh clock epoch (below) this often
 
 
@@ -53,14 +53,23 @@ class SlotEvents:
         # Recorded by the decode graphs themselves, around their first and last kernel: the device needs time
         # to start a graph of ~1000 kernels, and that delay is GPU idle time, not compute.
         self.graph_start = torch.cuda.Event(enable_timing=True, external=True)
+        self.graph_started = torch.cuda.Event(enable_timing=True, external=True)    # behind the start kernel
         self.graph_end = torch.cuda.Event(enable_timing=True, external=True)
         self.used = False          # whether this slot has been launched at least once
         self.last_in_graph = False  # whether the last step on this slot recorded graph_start/graph_end
+        self.last_marked = False    # whether the last eager step on this slot ran the start kernel (mark_start)
 
     def spans(self) -> dict:
         compute = ((self.graph_start, self.graph_end) if self.last_in_graph
                    else (self.compute_start, self.compute_end))
         return {"h2d": (self.h2d_start, self.h2d_end), "compute": compute, "d2h": (self.d2h_start, self.d2h_end)}
+
+    def head(self) -> tuple | None:
+        """The events just before and just after the last step's start kernel (mark_start); None when it ran none
+        (a graph without timing events)."""
+        if self.last_in_graph:
+            return self.graph_start, self.graph_started
+        return (self.compute_start, self.compute_started) if self.last_marked else None
 
 
 @dataclass
@@ -107,8 +116,11 @@ class ModelRunner:
         note = None
         if cuda_graphs and self.cuda and attention != "triton":
             note = "the torch attention path loops over host-side lengths and cannot be captured"
+        # What a step's compute span starts with (see mark_start): one int32 the step's first kernel writes
+        self.started = torch.zeros(1, dtype=torch.int32, device=device)
+        self.start_kernel_ns = 0.0      # how long that kernel runs between its events (measure_start_kernel)
         self.graphs = StepGraphs(model, device, self.slots, self.events, self.compute_stream, self._forward,
-                                 self.carry_source, self.block_size, max_blocks, kv.scratch_block,
+                                 self.carry_source, self.mark_start, self.block_size, max_blocks, kv.scratch_block,
                                  min(max_seqs, max_tokens), cuda_graphs and self.cuda and attention == "triton",
                                  note, max_tokens=max_tokens, mixed=mixed_graphs)
         self.allreduce_us: dict[int, float] = {}   # tensor parallel: one all-reduce of [rows, hidden], measured
@@ -182,8 +194,8 @@ class ModelRunner:
             self.compute_stream.wait_event(ev.h2d_end)
             if ev.used:
                 self.compute_stream.wait_event(ev.d2h_end)   # this slot's output pack already copied out
-            ev.last_in_graph = False
-            self._compute(batch, prev_out, ev.compute_start)
+            ev.last_in_graph = ev.last_marked = False
+            self._compute(batch, prev_out, ev)
             ev.compute_end.record()
         with torch.cuda.stream(self.d2h_stream):
             self.d2h_stream.wait_event(ev.compute_end)
@@ -193,12 +205,12 @@ class ModelRunner:
         ev.used = True
         return Launched(batch, ev, anchor, self.epoch)
 
-    def _compute(self, batch: Batch, prev_out: torch.Tensor, start=None) -> None:
+    def _compute(self, batch: Batch, prev_out: torch.Tensor, ev: SlotEvents | None = None) -> None:
         """Runs on the compute stream: a graph replay for a step with a shape, else the eager forward (also for
-        a sampling path whose graphs could not be captured). `start` (an event) is recorded just before the
-        step's first kernel."""
-        if batch.graph is None or not self.graphs.replay(batch, start):
-            self._forward(batch, prev_out, start)
+        a sampling path whose graphs could not be captured). `ev`: the slot's events, whose compute start is
+        recorded just before the step's first kernel."""
+        if batch.graph is None or not self.graphs.replay(batch, ev.compute_start if ev is not None else None):
+            self._forward(batch, prev_out, ev)
 
     def free_cached_memory(self) -> None:
         """After a step ran out of device memory: its tensors are gone, hand their cached blocks back so the next
@@ -206,9 +218,34 @@ class ModelRunner:
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
-    def _forward(self, batch: Batch, prev_out: torch.Tensor, start=None) -> None:
+    def mark_start(self, before, after) -> None:
+        """A step's first kernel, one element written, between two events. An event on an idle stream completes
+        when the stream reaches it, which can be long before the step's first kernel runs (under a profiler a
+        graph's first kernel starts ~0.5 ms after the graph's head event); the one behind a kernel completes only
+        once the step runs. So the step began at `before`, or one start kernel's run before `after` when that is
+        later (engine/trace.py, head_start_ms), which is where a trace puts its first kernel too."""
+        before.record()
+        self.started.fill_(1)
+        after.record()
+
+    def measure_start_kernel(self, repeats: int = 21) -> float:
+        """How long the start kernel runs between its two events (ns, the median of `repeats`), on a stream kept
+        busy so that the first event completes as the kernel starts. Start-up only: it synchronises."""
+        if not self.cuda:
+            return 0.0
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+        with torch.cuda.stream(self.compute_stream):
+            for before, after in pairs:
+                torch.cuda._sleep(20_000)               # ~10 µs of device work ahead of the events
+                self.mark_start(before, after)
+        self.compute_stream.synchronize()
+        self.start_kernel_ns = sorted(b.elapsed_time(a) for b, a in pairs)[repeats // 2] * 1e6
+        return self.start_kernel_ns
+
+    def _forward(self, batch: Batch, prev_out: torch.Tensor, ev: SlotEvents | None = None) -> None:
         """Carry-over gather first, then the model forward and sampling. The host-side set-up (views, metadata)
-        comes before `start` is recorded, so the device is not counted busy while the host prepares."""
+        comes before the start kernel (`ev`: the slot's events), so the device is not counted busy while the
+        host prepares."""
         input_ids = batch.view("input_ids")
         carry = batch.num_carried or batch.graph is not None
         rows = batch.view("carry_rows") if carry else None
@@ -229,18 +266,19 @@ class ModelRunner:
         counting = (tuple(batch.view(name) for name in ("reset_rows", "prompt_rows", "output_rows"))
                     if batch.extras else None)
         with torch.inference_mode():
-            if start is not None:
-                start.record()
+            if ev is not None:
+                self.mark_start(ev.compute_start, ev.compute_started)
+                ev.last_marked = True
             if carry:
                 # Placeholders become the tokens sampled by the previous step, still on the device.
                 input_ids = torch.where(rows >= 0, prev_out[rows.clamp(min=0)], input_ids)
             if counting is not None:
                 # penalties count what is fed, real tokens only: the carried ones are in place by now
                 self.penalties.count_inputs(input_ids, *counting)
-            # Looking the embedding up here puts the first kernel right after `start`, where the profiler sees
-            # the step begin; inside the decoder it would follow its own Python (~0.3 ms for an eager 8B
-            # prefill). That Python still runs on an idle device, now inside the span: a span cannot see the
-            # host gaps between an eager step's kernels.
+            # Looking the embedding up here puts the model's first kernel right after the start kernel; inside
+            # the decoder it would follow its own Python (~0.3 ms for an eager 8B prefill). That Python still
+            # runs on an idle device, inside the span: a span cannot see the host gaps between an eager step's
+            # kernels.
             ids = input_ids[None]
             inputs = {"inputs_embeds": self.embed(ids)} if self.embed is not None else {"input_ids": ids}
             with use_metadata(meta):

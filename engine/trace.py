@@ -34,6 +34,10 @@ class StepTrace:
     host: dict[str, tuple[int, int]] = field(default_factory=dict)
     # CUDA events (start, end) per GPU phase; None on CPU. Complete when the trace is delivered.
     gpu_events: dict[str, tuple[Any, Any]] | None = None
+    # the events just before and after the step's start kernel (its first, runner.mark_start), and how long that
+    # kernel runs between them, measured at start-up: the compute span starts head_start_ms after its start event
+    compute_head: tuple[Any, Any] | None = None
+    start_kernel_ns: float = 0.0
     # (event, host perf_counter_ns) recorded at launch on a stream that holds no work, so the event completes
     # as soon as the device sees it: maps this step's events to host time. None on CPU.
     anchor: tuple[Any, int] | None = None
@@ -51,6 +55,14 @@ class StepTrace:
     # whose prompt (or recompute) tokens `prefill_tokens` are: id -> tokens; the other requests decoded one each
     prefill_tokens_by_request: dict[str, int] = field(default_factory=dict)
     error: str | None = None        # the exception text when this step failed (its requests failed with it)
+
+
+def head_start_ms(before_to_after_ms: float, start_kernel_ms: float) -> float:
+    """How long before a step's first kernel ran its start event completed, from the device time between the
+    events around its start kernel: nothing when that is the kernel's own run time (the stream was busy, or the
+    launch was already there), else what the device waited for the kernel beyond it (an idle device and a slow
+    launch: under a profiler, ~0.5 ms for a graph)."""
+    return max(0.0, before_to_after_ms - start_kernel_ms)
 
 
 @dataclass

@@ -25,12 +25,18 @@ violated `persist` blocked steps in a row, and then by the smallest violation am
 shifts the mapping just enough; the shift is kept until the next anchor (or epoch). Within an epoch, gap lengths
 come from device times alone, except where a shift or a larger lead moves the mapping.
 
+A step's compute span starts with its first kernel. Its start event completes when the stream reaches it, which
+on an idle device can be long before that kernel runs (the launch is still on its way: half a millisecond for a
+graph under a profiler), so the engine makes a one-element kernel the step's first, between two events, and the
+span starts at the first event, or one start kernel's run (measured at start-up) before the second when that is
+later.
+
 Only events of the trace being delivered are read: they are complete (the step was consumed) and they will be
 re-recorded two steps later, so no reference to them is kept (the epoch's, never re-recorded, is the one kept).
 """
 from __future__ import annotations
 
-from batchscope.engine.trace import GPU_PHASES
+from batchscope.engine.trace import GPU_PHASES, head_start_ms
 
 
 def place(anchor_ns: float, offset_ms: float) -> float:
@@ -69,22 +75,31 @@ class EventClock:
         if not events:
             return None, "none"
         try:
-            epoch = getattr(trace, "epoch", None)
-            if epoch is not None:
-                return self._through_epoch(events, epoch, trace.anchor, trace.host), "gpu"
-            if trace.anchor is not None and trace.anchor is not self._anchor:
-                if self._anchor is None or trace.anchor[1] != self._anchor[1]:
-                    self._shift_ns = 0.0        # a fresh anchor: forget the old correction
-                    self._late_wakes.clear()
-                    self.anchors += 1
-                self._anchor = trace.anchor
-            if self._anchor is not None:
-                return self._anchored(events, self._anchor, trace.host), "gpu"
-            return self._by_wait(events, trace.host), "gpu_wait"
+            spans, basis = self._resolve(trace, events)
+            head = getattr(trace, "compute_head", None)
+            if head is not None and "compute" in spans:     # the span starts with the first kernel (trace.py)
+                late = head_start_ms(head[0].elapsed_time(head[1]), getattr(trace, "start_kernel_ns", 0.0) / 1e6)
+                if late > 0.0:
+                    spans["compute"][0] = round(spans["compute"][0] + late * 1000.0, 1)
+            return spans, basis
         except Exception as exc:   # an unrecorded or incomplete event: report it, never wait for it
             self.failures += 1
             self.last_error = f"step {trace.step}: {type(exc).__name__}: {exc}"
             return None, "none"
+
+    def _resolve(self, trace, events: dict) -> tuple[dict, str]:
+        epoch = getattr(trace, "epoch", None)
+        if epoch is not None:
+            return self._through_epoch(events, epoch, trace.anchor, trace.host), "gpu"
+        if trace.anchor is not None and trace.anchor is not self._anchor:
+            if self._anchor is None or trace.anchor[1] != self._anchor[1]:
+                self._shift_ns = 0.0        # a fresh anchor: forget the old correction
+                self._late_wakes.clear()
+                self.anchors += 1
+            self._anchor = trace.anchor
+        if self._anchor is not None:
+            return self._anchored(events, self._anchor, trace.host), "gpu"
+        return self._by_wait(events, trace.host), "gpu_wait"
 
     def _through_epoch(self, events: dict, epoch: tuple, anchor: tuple | None, host: dict) -> dict:
         epoch_event, epoch_ns = epoch

@@ -30,19 +30,35 @@ def test_string_prompts_and_text(tiny_engine, tiny_reference):
 
 def test_compute_start_is_recorded_just_before_the_first_kernel(tiny_engine, monkeypatch):
     """A step's compute_start event completes as soon as its stream reaches it, so nothing slow may sit between
-    it and the first kernel: the input views are cut before it, and the runner looks the embedding up itself
-    right after it (the decoder's own Python before its embedding would count as compute on an idle GPU)."""
+    it and the first kernel: the input views are cut before it, the event follows the step's one-element start
+    kernel, and the runner looks the embedding up itself right after it (the decoder's own Python before its
+    embedding would count as compute on an idle GPU)."""
     from batchscope.engine.batch import Batch
 
     runner = tiny_engine.runner
     order = []
+    marker = torch.zeros_like(runner.started)
 
-    class StartSpy:                                   # stands in for the CUDA event on CPU
+    class StartedSpy:                                 # the start kernel's one-element tensor
+        def fill_(self, value):
+            order.append("start kernel")
+            return marker.fill_(value)
+
+    monkeypatch.setattr(runner, "started", StartedSpy())
+
+    class EventSpy:                                   # stands in for a CUDA event on CPU
+        def __init__(self, name):
+            self.name = name
+
         def record(self):
-            order.append("start")
+            order.append(self.name)
+
+    class SlotEventsSpy:
+        compute_start, compute_started, last_marked = EventSpy("start"), EventSpy("started"), False
 
     compute = runner._compute
-    monkeypatch.setattr(runner, "_compute", lambda batch, prev_out, start=None: compute(batch, prev_out, StartSpy()))
+    monkeypatch.setattr(runner, "_compute", lambda batch, prev_out, ev=None: compute(batch, prev_out,
+                                                                                     SlotEventsSpy()))
     view = Batch.view
     monkeypatch.setattr(Batch, "view", lambda self, name: order.append(f"view {name}") or view(self, name))
     assert runner.embed is runner.base.embed_tokens           # a Llama decoder only looks its ids up
@@ -57,7 +73,7 @@ def test_compute_start_is_recorded_just_before_the_first_kernel(tiny_engine, mon
     steps = [i for i, what in enumerate(order) if what == "start"]
     assert len(steps) == 3                            # one prefill and two decode steps
     for i in steps:
-        assert order[i + 1:i + 3] == ["embedding", "decoder"]
+        assert order[i + 1:i + 5] == ["start kernel", "started", "embedding", "decoder"]
         inputs = [what for what in order[max(0, i - 12):i] if what.startswith("view ")]
         assert {"view input_ids", "view positions", "view slot_mapping", "view block_tables"} <= set(inputs)
 

@@ -324,3 +324,36 @@ def test_without_mixed_graphs_steps_with_prefill_run_eagerly(qwen3_checkpoint):
             assert out.token_ids == reference_generate(ref_model, p, 8, eos)
     finally:
         eng.close()
+
+
+def test_under_a_profiler_each_sync_step_starts_where_its_first_kernel_does(tmp_path):
+    """In sync the device is idle when a step's start event is reached, and under torch.profiler a graph's
+    kernels follow its head by a launch that takes long: the span must still start at the first kernel (the
+    start kernel between two events), so that the imported trace and our events agree step by step."""
+    from batchscope.telemetry import Telemetry
+    from batchscope.telemetry.importers import import_trace
+    from batchscope.telemetry.importers.agreement import compare_steps
+
+    eng = Engine(EngineConfig(model="tiny-random", device="cuda", dtype="bfloat16", mode="sync", num_blocks=512,
+                              max_batch_tokens=512, max_running=16))
+    tel = Telemetry(eng, nvml_hz=0)
+    try:
+        assert 0.0 < eng.runner.start_kernel_ns < 20_000.0           # one element written: a few µs at most
+        eng.generate(random_prompts(4, 49152, 8, 8, seed=1), SamplingParams(max_new_tokens=8, ignore_eos=True))
+        path = tmp_path / "sync.pt.trace.json.gz"
+        tel.start_recording("sync")
+        capture = eng.profile(24, str(path))
+        eng.generate(random_prompts(8, 49152, 16, 48, seed=2), SamplingParams(max_new_tokens=40, ignore_eos=True))
+        assert capture.wait(120) and capture.state == "done", capture.as_dict()
+        tel.stop_recording()
+        own = tel.timeline("sync")
+    finally:
+        tel.close()
+        eng.close()
+    agree = compare_steps(import_trace(str(path)), own)
+    fig = agree["per_mode"].get("sync") or agree
+    print(f"sync under the profiler: {agree['steps_matched']} steps, compute span {fig['compute_span']}, "
+          f"gap {fig['gap_before']}")
+    assert agree["steps_matched"] >= 20
+    assert fig["compute_span"]["within_pct"] >= 90.0
+    assert fig["gap_before"]["within_pct"] >= 90.0

@@ -104,16 +104,16 @@ def test_mixed_buckets_cover_the_budget_and_stop_at_the_cap():
 
 def test_a_step_gets_a_decode_shape_a_mixed_shape_or_none():
     slot = IoSlot(0, max_tokens=64, max_seqs=8, max_blocks=6, device=torch.device("cpu"))
-    graphs = StepGraphs(torch.nn.Linear(1, 1), torch.device("cpu"), [slot, slot], [], None, None, None, BLOCK, 6,
-                        SCRATCH, 8, enabled=True, max_tokens=64, mixed=True)
+    graphs = StepGraphs(torch.nn.Linear(1, 1), torch.device("cpu"), [slot, slot], [], None, None, None, None,
+                        BLOCK, 6, SCRATCH, 8, enabled=True, max_tokens=64, mixed=True)
     assert graphs.shape_for(_plan()) == GraphShape("mixed", 32, 8)
     decode = StepPlan(step=0, seqs=[s for s in _plan().seqs[:2]], queue_depth=0, running=2)
     assert graphs.shape_for(decode) == GraphShape("decode", 2, 2)
     big = _request("e", list(range(100)), list(range(25)))
     too_many = StepPlan(step=0, seqs=[ScheduledSeq(big, 0, 65, False)], queue_depth=0, running=1)
     assert graphs.shape_for(too_many) is None                       # past the largest bucket: eager
-    off = StepGraphs(torch.nn.Linear(1, 1), torch.device("cpu"), [slot, slot], [], None, None, None, BLOCK, 6,
-                     SCRATCH, 8, enabled=True, max_tokens=64, mixed=False)
+    off = StepGraphs(torch.nn.Linear(1, 1), torch.device("cpu"), [slot, slot], [], None, None, None, None,
+                     BLOCK, 6, SCRATCH, 8, enabled=True, max_tokens=64, mixed=False)
     assert off.shape_for(_plan()) is None and off.shape_for(decode) == GraphShape("decode", 2, 2)
     assert [k[1].kind for k in graphs.keys()].count("mixed") == 2 * 4 * len(mixed_buckets(64))
     assert graphs.shapes()[0].kind == "decode"          # decode first: its captures choose the expert dispatch

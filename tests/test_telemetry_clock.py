@@ -232,3 +232,33 @@ def test_an_epoch_after_an_idle_stretch_carries_nothing():
     gpu, _ = clock.resolve(tr)
     assert clock._lead_ns == 0.0
     assert gpu["compute"] == pytest.approx(truth["compute"], abs=2.0)
+
+
+@pytest.mark.parametrize("waited_us", [0.0, 0.4, 480.0])
+def test_a_compute_span_starts_with_the_first_kernel_however_early_its_start_event_completed(waited_us):
+    """The start event completes when the stream reaches it; the start kernel behind it may run only later (an
+    idle device waiting for the launch). The span starts at the event, or one start kernel's run before the
+    event behind the kernel when that is later."""
+    dev, clock = Device(), EventClock(ORIGIN)
+    t = ORIGIN + 5_000_000
+    tr, truth = trace(dev, t, anchor=(dev.event(t), t))
+    before = truth["compute"][0] * 1000 + ORIGIN                       # host ns of the start event
+    kernel_ns = 1_200.0
+    first_kernel = before + waited_us * 1000                           # when the start kernel began
+    tr.compute_head = (dev.event(before), dev.event(first_kernel + kernel_ns))
+    tr.start_kernel_ns = kernel_ns
+    gpu, _ = clock.resolve(tr)
+    assert gpu["compute"][0] == pytest.approx((first_kernel - ORIGIN) / 1000, abs=0.11)
+    assert gpu["compute"][1] == pytest.approx(truth["compute"][1], abs=0.11)
+    assert gpu["h2d"] == pytest.approx(truth["h2d"], abs=0.11)
+
+
+def test_a_start_kernel_slower_than_measured_never_moves_the_span_before_its_start_event():
+    dev, clock = Device(), EventClock(ORIGIN)
+    t = ORIGIN + 5_000_000
+    tr, truth = trace(dev, t, anchor=(dev.event(t), t))
+    before = truth["compute"][0] * 1000 + ORIGIN
+    tr.compute_head = (dev.event(before), dev.event(before + 900.0))   # it ran faster than the 1.2 µs measured
+    tr.start_kernel_ns = 1_200.0
+    gpu, _ = clock.resolve(tr)
+    assert gpu["compute"][0] == pytest.approx(truth["compute"][0], abs=0.11)
