@@ -25,6 +25,7 @@ _SYNC_KIND = {1: SYNC_KINDS["Event Sync"], 2: SYNC_KINDS["Stream Wait Event"], 3
               4: SYNC_KINDS["Context Sync"]}
 _RANGE_TYPES = ("NvtxPushPopRange", "NvtxStartEndRange")
 SUPPORTED_SCHEMA_MAJOR = 3
+META_TABLES = ("EXPORT_META_DATA", "META_DATA_EXPORT")     # the export's version rows: 2022.x, then 2023.x on
 
 
 def _pid(global_id: int) -> int:
@@ -42,7 +43,7 @@ def read_nsys_sqlite(path: str, on_bytes=None) -> TraceTables:
     except sqlite3.DatabaseError as exc:
         raise NotATraceError(f"{path}: an SQLite file that cannot be read ({exc})") from None
     try:
-        if "StringIds" not in have or "EXPORT_META_DATA" not in have and "TARGET_INFO_SESSION_START_TIME" not in have:
+        if "StringIds" not in have or not have & {*META_TABLES, "TARGET_INFO_SESSION_START_TIME"}:
             raise NotATraceError(f"{path}: an SQLite file, but not an Nsight Systems export (no StringIds table)")
         header = _header(con, have, path)
         col = EventCollector()
@@ -56,23 +57,28 @@ def read_nsys_sqlite(path: str, on_bytes=None) -> TraceTables:
             on_bytes(os.path.getsize(path))
     except sqlite3.DatabaseError as exc:
         raise TraceImportError(f"{path}: an Nsight Systems export this reader does not understand ({exc}; "
-                               f"{header_version(con)})") from None
+                               f"{header_version(con, have)})") from None
     finally:
         con.close()
     col.meta = meta
     return build_tables(path, col, header, [])
 
 
-def header_version(con) -> str:
+def header_version(con, have: set) -> str:
     try:
-        rows = dict(con.execute("SELECT name, value FROM EXPORT_META_DATA"))
+        rows = _meta(con, have)
     except sqlite3.DatabaseError:
         return "version unknown"
     return f"Nsight Systems {rows.get('EXPORT_PRODUCT_VERSION', '?')}, schema {rows.get('EXPORT_SCHEMA_VERSION', '?')}"
 
 
+def _meta(con, have: set) -> dict:
+    table = next((t for t in META_TABLES if t in have), None)
+    return dict(con.execute(f"SELECT name, value FROM {table}")) if table else {}
+
+
 def _header(con, have: set, path: str) -> dict:
-    meta = dict(con.execute("SELECT name, value FROM EXPORT_META_DATA")) if "EXPORT_META_DATA" in have else {}
+    meta = _meta(con, have)
     major = str(meta.get("EXPORT_SCHEMA_VERSION_MAJOR", SUPPORTED_SCHEMA_MAJOR))
     if major.isdigit() and int(major) != SUPPORTED_SCHEMA_MAJOR:
         raise TraceImportError(f"{path}: an Nsight Systems export of schema {meta.get('EXPORT_SCHEMA_VERSION')} "
