@@ -166,18 +166,17 @@ class ModelRunner:
         n64, n32, nf = batch.sizes
         # Clock anchor: an event on a stream that never holds work completes as soon as the device sees it, even
         # while other streams are busy, so (event, host time) pins the GPU clock to the host clock every step.
-        # The driver submits the record somewhere inside the call: its midpoint is the host time.
-        before = time.perf_counter_ns()
+        # The driver submits the record somewhere inside the call; the host time is when the call began, which
+        # the device cannot have seen it before (a call can take tens of µs: under a profiler, every one does).
+        anchor = (ev.anchor, time.perf_counter_ns())
         ev.anchor.record(self.clock_stream)
-        anchor = (ev.anchor, (before + time.perf_counter_ns()) // 2)
         # The device takes a varying while (tens of µs when it is busy) to see an anchor, so steps mapped each by
         # its own anchor jitter against each other. An epoch is an anchor kept for a second (its event is never
         # re-recorded): every step of that second is mapped through it, so the gaps between them are device time.
         if self.epoch is None or anchor[1] - self.epoch[1] >= EPOCH_NS:
             mark = torch.cuda.Event(enable_timing=True)
-            before = time.perf_counter_ns()
+            self.epoch = (mark, time.perf_counter_ns())
             mark.record(self.clock_stream)
-            self.epoch = (mark, (before + time.perf_counter_ns()) // 2)
         # A start event on an idle stream completes at once, so everything between it and the first copy or
         # kernel must be device-free and short: the views are cut before it, the copies follow it directly.
         copies = [(slot.dev64[:n64], slot.host64[:n64]), (slot.dev32[:n32], slot.host32[:n32]),
@@ -219,11 +218,13 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     def mark_start(self, before, after) -> None:
-        """A step's first kernel, one element written, between two events. An event on an idle stream completes
-        when the stream reaches it, which can be long before the step's first kernel runs (under a profiler a
-        graph's first kernel starts ~0.5 ms after the graph's head event); the one behind a kernel completes only
-        once the step runs. So the step began at `before`, or one start kernel's run before `after` when that is
-        later (engine/trace.py, head_start_ms), which is where a trace puts its first kernel too."""
+        """A step's first kernel, one element written, between two events, so that a compute span starts with a
+        kernel, as a trace's does. An event on an idle stream completes when the stream reaches it, which can be
+        before the step's first kernel arrives (an eager step's launch on its way): the step began at `before`,
+        or one start kernel's run before `after` when that is later (engine/trace.py, head_start_ms). A graph
+        runs its first node as soon as it starts, and a launch can hold the rest back (under torch.profiler,
+        ~0.35 ms on an idle device): with a timing event as that node the span began before any kernel; with the
+        start kernel it begins with one, and the hold-up is idle inside the step, where a trace shows it."""
         before.record()
         self.started.fill_(1)
         after.record()

@@ -60,8 +60,8 @@ class StepTrace:
 def head_start_ms(before_to_after_ms: float, start_kernel_ms: float) -> float:
     """How long before a step's first kernel ran its start event completed, from the device time between the
     events around its start kernel: nothing when that is the kernel's own run time (the stream was busy, or the
-    launch was already there), else what the device waited for the kernel beyond it (an idle device and a slow
-    launch: under a profiler, ~0.5 ms for a graph)."""
+    launch was already there), else what the device waited for the kernel beyond it (an idle device and the
+    kernel's launch still on its way)."""
     return max(0.0, before_to_after_ms - start_kernel_ms)
 
 

@@ -25,11 +25,15 @@ violated `persist` blocked steps in a row, and then by the smallest violation am
 shifts the mapping just enough; the shift is kept until the next anchor (or epoch). Within an epoch, gap lengths
 come from device times alone, except where a shift or a larger lead moves the mapping.
 
+Through an epoch the wake bound is left out: the steps' anchors already bound the mapping from below, and soundly
+(the host time of an anchor is when its record call began, before the device can have seen it), while a wake-up
+can be slow for a whole run (under a profiler every CUDA call is: tens of µs), which the wake bound would take for
+drift and move the mapping by, one gap at a time.
+
 A step's compute span starts with its first kernel. Its start event completes when the stream reaches it, which
-on an idle device can be long before that kernel runs (the launch is still on its way: half a millisecond for a
-graph under a profiler), so the engine makes a one-element kernel the step's first, between two events, and the
-span starts at the first event, or one start kernel's run (measured at start-up) before the second when that is
-later.
+on an idle device can be before that kernel has arrived (its launch still on its way), so the engine makes a
+one-element kernel the step's first, between two events, and the span starts at the first event, or one start
+kernel's run (measured at start-up) before the second when that is later.
 
 Only events of the trace being delivered are read: they are complete (the step was consumed) and they will be
 re-recorded two steps later, so no reference to them is kept (the epoch's, never re-recorded, is the one kept).
@@ -117,9 +121,11 @@ class EventClock:
             lead = anchor[1] - place(epoch_ns, epoch_event.elapsed_time(anchor[0]))
             if self._lead_ns < lead <= MAX_LEAD_NS:
                 self._lead_ns = lead
-        return self._anchored(events, epoch, host, self._lead_ns)
+        # the anchors bound the mapping from below as the wake-up would, but soundly: no wake bound here
+        return self._anchored(events, epoch, host, self._lead_ns, wake_bound=False)
 
-    def _anchored(self, events: dict, anchor: tuple, host: dict, lead_ns: float = 0.0) -> dict:
+    def _anchored(self, events: dict, anchor: tuple, host: dict, lead_ns: float = 0.0,
+                  wake_bound: bool = True) -> dict:
         anchor_event, anchor_ns = anchor
         ns = {}
         for phase in GPU_PHASES:
@@ -129,15 +135,15 @@ class EventClock:
                 ns[phase] = [place(anchor_ns, anchor_event.elapsed_time(start)) + lead_ns,
                              place(anchor_ns, anchor_event.elapsed_time(end)) + lead_ns]
         if ns:
-            self._apply_bounds(ns, host)
+            self._apply_bounds(ns, host, wake_bound)
         return {p: [self._us(a + self._shift_ns), self._us(b + self._shift_ns)] for p, (a, b) in ns.items()}
 
-    def _apply_bounds(self, ns: dict, host: dict) -> None:
+    def _apply_bounds(self, ns: dict, host: dict, wake_bound: bool = True) -> None:
         first = min(a for a, _ in ns.values())
         last = ns["d2h"][1] if "d2h" in ns else max(b for _, b in ns.values())
         shift = self._shift_ns
         wait = host.get("wait")
-        if wait is not None and wait[1] - wait[0] > self.wake_slack_ns:       # the host blocked: it woke on the copy
+        if wake_bound and wait is not None and wait[1] - wait[0] > self.wake_slack_ns:  # blocked: woke on the copy
             early = wait[1] - self.wake_slack_ns - (last + shift)
             self._late_wakes = self._late_wakes + [early] if early > 0 else []
             if len(self._late_wakes) >= self.persist:                          # persistent, so not a slow wake-up
