@@ -1,6 +1,6 @@
-"""The figures BENCHMARKS (o) gives for the clock epoch, from committed recordings, into one JSON.
+"""The figures BENCHMARKS (o) gives for the clock epoch and the start kernel, from committed recordings, into one JSON.
 
-    python benchmarks/clock_figures.py --json benchmarks/results/2026-12-02-h200-clock-epoch/clock_figures.json
+    python benchmarks/clock_figures.py --json benchmarks/results/2026-12-02-h200-start-kernel/clock_figures.json
 
 - async gaps between consecutive steps (compute start minus the previous compute end) on the served load, before
   and with the epoch: how many are negative (a step "starting" before the one before it ended) and percentiles;
@@ -25,8 +25,10 @@ from sync_event_offset import offset, spans_by_batch  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SERVED = {"before": RESULTS / "2026-12-02-h200-served" / "s12.async.timeline.json.gz",
-          "epoch": RESULTS / "2026-12-02-h200-clock-epoch" / "s12.async.timeline.json.gz"}
-TRUTH = {"before": RESULTS / "2026-12-02-h200-import-truth", "epoch": RESULTS / "2026-12-02-h200-clock-epoch"}
+          "epoch": RESULTS / "2026-12-02-h200-clock-epoch" / "s12.async.timeline.json.gz",
+          "start_kernel": RESULTS / "2026-12-02-h200-start-kernel" / "s12.async.timeline.json.gz"}
+TRUTH = {"before": RESULTS / "2026-12-02-h200-import-truth", "epoch": RESULTS / "2026-12-02-h200-clock-epoch",
+         "start_kernel": RESULTS / "2026-12-02-h200-start-kernel" / "gt_seed0"}
 
 
 def pct(values: list[float], q: float) -> float:

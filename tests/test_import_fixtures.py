@@ -46,9 +46,8 @@ FIXTURES = [
     Fixture("batchscope-cpu-async.pt.trace.json.gz", "batchscope", "cpu", 11, {"async"},
             tol_us=150.0, span_within_pct=90.0, causes_pct=60.0),
     # benchmarks/import_ground_truth.py on an H200 (llama3-8b-random, CUDA graphs), 40 steps cut out of each mode's
-    # trace by benchmarks/trace_window.py. Async beside our own recording of the same steps, held to the full
-    # criteria; sync alone, since there the start event on an idle device runs ahead of the first kernel by the
-    # profiled launch (docs/BENCHMARKS.md (o))
+    # trace by benchmarks/trace_window.py, each beside our own recording of the same steps and held to the full
+    # criteria (docs/BENCHMARKS.md (o))
     Fixture("batchscope-h200-async.pt.trace.json.gz", "batchscope", "cuda", 39, {"async"}, idle_inside=True),
     Fixture("batchscope-h200-sync.pt.trace.json.gz", "batchscope", "cuda", 39, {"sync"}, idle_inside=True),
     # benchmarks/transformers_traces.py on an H200: transformers' continuous batching (generate_batch's manager,
