@@ -6,11 +6,14 @@
   and with the epoch: how many are negative (a step "starting" before the one before it ended) and percentiles;
 - where the profiler's delay sits in a sync decode step: H2D end -> compute start and compute end -> D2H start,
   in batchscope's own timeline and in the imported trace of the same steps;
-- the imported (kernel) spans of sync and async decode steps of equal batch (sync_event_offset's method).
+- the imported (kernel) spans of sync and async decode steps of equal batch (sync_event_offset's method);
+- with the start kernel: the trace's gap after it (what a profiled graph launch holds back), and, on the build
+  before the clock change, the steps whose gap missed by more than 20 µs and the host's wake-ups after the copy.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -27,6 +30,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 SERVED = {"before": RESULTS / "2026-12-02-h200-served" / "s12.async.timeline.json.gz",
           "epoch": RESULTS / "2026-12-02-h200-clock-epoch" / "s12.async.timeline.json.gz",
           "start_kernel": RESULTS / "2026-12-02-h200-start-kernel" / "s12.async.timeline.json.gz"}
+BEFORE = RESULTS / "2026-12-02-h200-start-kernel" / "before-clock-change"
 TRUTH = {"before": RESULTS / "2026-12-02-h200-import-truth", "epoch": RESULTS / "2026-12-02-h200-clock-epoch",
          "start_kernel": RESULTS / "2026-12-02-h200-start-kernel" / "gt_seed0"}
 
@@ -65,6 +69,36 @@ def sync_edges(folder: Path) -> dict:
     return out
 
 
+def after_start_kernel(trace: Path) -> dict:
+    """The trace's gap between a step's start kernel (a one-element int fill) and the kernel after it."""
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    gaps = sorted(b["ts"] - a["ts"] - a["dur"] for a, b in zip(kernels, kernels[1:]) if "FillFunctor<int>" in a["name"])
+    return {"steps": len(gaps), "p5_us": pct(gaps, 0.05), "p50_us": round(statistics.median(gaps), 1),
+            "p95_us": pct(gaps, 0.95)}
+
+
+def gap_misses(folder: Path, mode: str, tol_us: float = 20.0) -> dict:
+    """Steps whose gap before them differs from the import's by more than tol_us (ours minus the import's), the
+    largest own-minus-import idle per step, and the longest the host woke after the copy's end (wait end - D2H
+    end) on those steps (in sync: the wake-up; in async the host often waits on other work first)."""
+    own = {s["step"]: s for s in read_timeline_file(folder / f"{mode}.timeline.json.gz")["steps"]}
+    misses, worst, wakes = {}, None, []
+    for s in read_timeline_file(folder / f"{mode}.imported.timeline.json.gz")["steps"]:
+        o = own.get(s["step"])
+        if not o or s.get("gpu_idle_before_us") is None or o.get("gpu_idle_before_us") is None:
+            continue
+        diff = round(o["gpu_idle_before_us"] - s["gpu_idle_before_us"], 1)
+        if abs(diff) > tol_us:
+            misses[s["step"]] = diff
+        if worst is None or diff > worst[1]:
+            worst = (s["step"], diff)
+        if o.get("gpu", {}).get("d2h") and o["cpu"].get("wait"):
+            wakes.append(o["cpu"]["wait"][1] - o["gpu"]["d2h"][1])
+    return {"misses_us": misses, "largest_own_minus_import_us": worst,
+            "wake_after_copy_us_max": round(max(wakes), 1) if wakes else None}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", type=Path, required=True)
@@ -74,7 +108,11 @@ def main(argv=None) -> int:
            "imported_spans_sync_minus_async": {
                k: {kk: vv for kk, vv in offset(spans_by_batch(v / "sync.imported.timeline.json.gz"),
                                                spans_by_batch(v / "async.imported.timeline.json.gz")).items()
-                   if kk != "rows"} for k, v in TRUTH.items()}}
+                   if kk != "rows"} for k, v in TRUTH.items()},
+           "start_kernel": {f"{m}_gap_after_it": after_start_kernel(TRUTH["start_kernel"] / f"{m}.pt.trace.json.gz")
+                            for m in ("sync", "async")},
+           "before_clock_change": {"seed0_async": gap_misses(BEFORE / "seed0", "async"),
+                                   "seed1_sync": gap_misses(BEFORE / "seed1", "sync")}}
     a.json.write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps(res, indent=1))
     return 0

@@ -4,7 +4,8 @@
     python benchmarks/idle_server_cpu.py --queue-poll-ms 1 --json out/idle_1ms.json   # Gradio's own 1 ms
 
 The server runs in this process (tiny-random on the CPU, the page mounted), Debian's Chromium opens the page
-headless, and after a settling pause each thread's CPU time is read from /proc over the window.
+headless, and after a settling pause the CPU is read over the window (page_cost.py's breakdown: this process by
+thread, the browser by process type, the machine by state).
 """
 from __future__ import annotations
 
@@ -12,28 +13,18 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batchscope.app.loadtest.specs import Limits  # noqa: E402
 from batchscope.app.server import ServerThread, create_app  # noqa: E402
 from batchscope.app.server import app as server_app  # noqa: E402
 from batchscope.app.server.state import AppState  # noqa: E402
 from batchscope.engine import EngineConfig  # noqa: E402
-
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-
-
-def cpu_s(native_id: int) -> float | None:
-    """The thread's user + system CPU seconds; None once it has ended (a short-lived worker)."""
-    try:
-        fields = open(f"/proc/self/task/{native_id}/stat").read().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from page_cost import ARGS, CHROMIUM, cpu_shares, cpu_snapshot  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -53,27 +44,19 @@ def main(argv=None) -> int:
     srv = ServerThread(create_app(state, ui=True)).start()
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             page = browser.new_page()
             page.goto(srv.url + "/")
             time.sleep(a.settle_s)
-            threads = {t.native_id: t.name for t in threading.enumerate() if t.native_id}
-            before, t0 = {tid: cpu_s(tid) for tid in threads}, time.monotonic()
+            before = cpu_snapshot()
             time.sleep(a.window_s)
-            after, dt = {tid: cpu_s(tid) for tid in threads}, time.monotonic() - t0
+            after = cpu_snapshot()
             browser.close()
     finally:
         srv.stop()
         state.close()
-    per_thread = {}
-    for tid, name in threads.items():
-        if before[tid] is None or after[tid] is None:
-            continue
-        per_thread[name] = round(per_thread.get(name, 0.0) + 100.0 * (after[tid] - before[tid]) / dt, 2)
-    res = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "window_s": round(dt, 1),
-           "queue_poll_s": server_app.QUEUE_POLL_S, "cpu_pct_of_a_core_by_thread": dict(
-               sorted(per_thread.items(), key=lambda kv: -kv[1])),
-           "cpu_pct_of_a_core_total": round(sum(per_thread.values()), 2), "cores": os.cpu_count()}
+    res = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "window_s": round(after[3] - before[3], 1),
+           "queue_poll_s": server_app.QUEUE_POLL_S, "cores": os.cpu_count(), **cpu_shares(before, after)}
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps(res, indent=1))
