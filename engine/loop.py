@@ -22,7 +22,8 @@ none of them blocks):
      captured before the first request, each capture synchronising the device; a greedy decode capture that
      fails makes StepGraphs.disable synchronise once more (a sampling path that fails runs eagerly alone, and
      so do mixed steps whose capture fails).
-     Serving never captures. Tensor parallel start-up syncs too: the first all-reduce of the process group
+     Serving never captures. Then runner.measure_start_kernel times the step's start kernel once and
+     synchronises the compute stream. Tensor parallel start-up syncs too: the first all-reduce of the process group
      (parallel.ranks.init_group) and the all-reduce timing (parallel.sharding.measure_allreduce).
   4. a step out of device memory -> core.fail -> runner.free_cached_memory: empty_cache syncs (error path).
   5. close: no wait of its own; the async loop consumes its in-flight step first (wait 1).
