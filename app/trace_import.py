@@ -108,11 +108,8 @@ def summary_lines(timeline: dict, out: Path) -> list[str]:
              + (f", {len(ranks)} ranks" if len(ranks) > 1 else "") + f", on {meta.get('gpu') or meta.get('device')}",
              f"  steps: {len(steps)}" + (f" ({steps[0]['step']}-{steps[-1]['step']}, {modes})" if steps else "")
              + f" over {_seconds(summary.get('duration_s') or 0)}; from {source.get('steps_from', '?')}"]
-    busy = f"  busy: {summary['busy_pct']:.1f}% (the steps' compute spans)" if summary.get("busy_pct") is not None \
-        else "  busy: unknown (no step has a compute span)"
-    if summary.get("busy_pct_device_ops") is not None:
-        busy += f"; device ops {summary['busy_pct_device_ops']:.1f}% (the device really running something)"
-    lines.append(busy)
+    lines.append(_busy(summary))
+    lines += _rank_lines(summary)
     lines.append(_causes("idle between steps", summary.get("idle_us_total"), summary.get("idle_us_by_cause")))
     if "idle_inside_us_total" in summary:
         lines.append(_causes("idle inside steps", summary["idle_inside_us_total"],
@@ -125,6 +122,33 @@ def summary_lines(timeline: dict, out: Path) -> list[str]:
     if source.get("unknown"):
         lines.append(f"  not in the trace: {', '.join(source['unknown'])}")
     lines += [f"  note: {n}" for n in source.get("notes", [])]
+    return lines
+
+
+def _busy(summary: dict) -> str:
+    if summary.get("busy_pct") is None:
+        return "  busy: unknown (no step has a compute span)"
+    if summary.get("busy_basis") != "device_ops":
+        return f"  busy: {summary['busy_pct']:.1f}% (the steps' compute spans)"
+    line = f"  busy: {summary['busy_pct']:.1f}% (device ops: what the device ran over the steps' window)"
+    if summary.get("busy_pct_steps") is not None:
+        line += f"; {summary['busy_pct_steps']:.1f}% by the steps' compute spans (between steps only)"
+    return line
+
+
+def _rank_lines(summary: dict) -> list[str]:
+    """One line per rank (device busy, collectives, the idle's top cause), and the straggler with its evidence."""
+    ranks = summary.get("straggler") and summary.get("ranks") or []
+    lines = []
+    for r in ranks:
+        top = next(iter(r.get("idle_us_by_cause") or {}), None)
+        lines.append(f"  rank {r['rank']}: busy {r['busy_pct']:.1f}%, collectives {r['collective_us'] / 1e3:.2f} ms, "
+                     f"idle {(r['idle_between_us'] + r['idle_inside_us']) / 1e3:.2f} ms"
+                     + (f" (most: {top})" if top else "") + f", host late {r['host_late_us'] / 1e3:.2f} ms")
+    straggler = summary.get("straggler") or {}
+    if ranks:
+        lines.append(f"  straggler: rank {straggler['rank']}: {straggler['evidence']}" if straggler.get("rank")
+                     is not None else f"  straggler: none ({straggler.get('reason', '')})")
     return lines
 
 

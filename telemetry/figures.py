@@ -32,6 +32,7 @@ PRACTICAL = 0.02         # a ratio within 2% of 1 is "within noise" whatever its
 LIVE_WINDOW_US = 15e6    # live, each mode's figures cover the newest 15 s of its latest stretch...
 MAX_BOARD_STEPS = 1000   # ...and at most its newest 1000 steps (millisecond steps: the board stays cheap)
 Z90 = 1.645
+DEVICE_BASIS = "device_ops"   # busy from the union of a trace's device ops (an imported trace's steps)
 
 
 def _tokens(rec: dict) -> int:
@@ -81,11 +82,12 @@ def _window(done: list[dict], end: float, width_us: float, measure) -> tuple[flo
 def stretch_figures(runs, nvml=()) -> dict:
     """One mode's figures over its stretches (each a list of consecutive steps of that mode):
     busy % and tokens/s over the working time; decode tokens/s, the tokens of steps without prefill over their
-    own periods (steady decoding, whatever the arrivals did); ms/step (run_periods, p50 as `ms_per_step`);
+    own periods (steady decoding, whatever the arrivals did); for an imported trace's steps busy % is the device's
+    (their `device_ops_us` shares, basis "device_ops") and the compute spans' figure is `busy_pct_steps`; ms/step (run_periods, p50 as `ms_per_step`);
     GPU idle per step (the gap before each step but a stretch's first, whose gap spans the switch; empty-queue
     parts excluded) split by cause, and NVML (or host CPU) means over the stretches' windows."""
-    work_us = busy_us = decode_ms = 0.0
-    periods, idle, windows, steps = [], [], [], 0
+    work_us = busy_us = span_busy_us = decode_ms = 0.0
+    periods, idle, windows, steps, device_runs = [], [], [], 0, 0
     by_cause: dict[str, float] = {}
     tokens = decode_tok = 0
     for run in runs:
@@ -97,7 +99,11 @@ def stretch_figures(runs, nvml=()) -> dict:
         lo, hi = spans[0][0], max(c[1] for c in spans)
         windows.append((lo, hi))
         work_us += max(0.0, hi - lo - sum(empty_queue_us(r) for r in run[1:]))
-        busy_us += union_length(spans, lo, hi)
+        steps_busy = union_length(spans, lo, hi)
+        span_busy_us += steps_busy
+        device = _device_ops_us(run)
+        busy_us += steps_busy if device is None else min(device, hi - lo)
+        device_runs += device is not None
         for rec, ms in run_periods(run):
             periods.append(ms)
             if rec["prefill_tokens"] == 0:
@@ -117,6 +123,8 @@ def stretch_figures(runs, nvml=()) -> dict:
         return round(sum(vals) / len(vals), 2) if vals else None
 
     bases = sorted({r.get("compute_basis") for run in runs for r in run if r.get("compute_us")})
+    if device_runs:                       # an imported trace's stretches: busy is the device's own
+        bases = [DEVICE_BASIS if device_runs == len(windows) else "mixed"]
     ms = percentiles(periods)
     return {
         "steps": steps, "stretches": len(runs),
@@ -125,6 +133,7 @@ def stretch_figures(runs, nvml=()) -> dict:
         "work_s": round(work_us / 1e6, 6),
         "busy_pct": round(100.0 * busy_us / work_us, 2) if work_us else None,
         "busy_basis": bases[0] if len(bases) == 1 else ("mixed" if bases else None),
+        **({"busy_pct_steps": round(100.0 * span_busy_us / work_us, 2) if work_us else None} if device_runs else {}),
         "tokens_out": tokens,
         "tokens_per_s": round(tokens / (work_us / 1e6), 2) if work_us else None,
         "decode_tokens_per_s": round(decode_tok / (decode_ms / 1e3), 2) if decode_ms else None,
@@ -133,6 +142,16 @@ def stretch_figures(runs, nvml=()) -> dict:
         "idle_us_by_cause": {k: round(v, 1) for k, v in sorted(by_cause.items(), key=lambda kv: -kv[1])},
         "gpu_util_mean": mean("gpu_util"), "cpu_pct_mean": mean("cpu_pct"),
     }
+
+
+def _device_ops_us(run) -> float | None:
+    """The device's busy time (union of its ops) over one stretch, from an imported trace's per-step shares (the
+    first step's own part, then each step's gap and part); None where the steps do not carry them."""
+    done = [r for r in run if r.get("compute_us")]
+    if not done or any("device_ops_us" not in r for r in done):
+        return None
+    return done[0]["device_ops_us"] + sum(r["device_ops_us"] + (r.get("device_ops_before_us") or 0.0)
+                                          for r in done[1:])
 
 
 # ------------------------------------------------------------------------------------------------ the board

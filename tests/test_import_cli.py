@@ -85,7 +85,10 @@ def test_import_keeps_kernels_and_writes_a_gzipped_output(tmp_path, capsys):
     assert "source: vLLM" in out and "kernels kept: 8 device ops" in out
     inside = tl["summary"]["idle_inside_us_total"]
     assert inside > 0 and f"idle inside steps: {inside / 1e3:.2f} ms: " in out
-    assert f"device ops {tl['summary']['busy_pct_device_ops']:.1f}%" in out
+    summary = tl["summary"]                            # the device's figure leads, the steps' one beside it
+    assert summary["busy_basis"] == "device_ops" and summary["busy_pct"] == summary["busy_pct_device_ops"]
+    assert f"busy: {summary['busy_pct']:.1f}% (device ops" in out
+    assert f"{summary['busy_pct_steps']:.1f}% by the steps' compute spans (between steps only)" in out
     assert not (tmp_path / "dp0_rank0.timeline.json").exists()   # -o, not the default name
 
 

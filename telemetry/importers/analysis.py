@@ -171,18 +171,24 @@ def _attribute_host_time(t: TraceTables, lanes: list[Lane], transparent=frozense
 
 
 def _modes(plans: list[StepPlan], spans: list, inferred: list) -> list[str]:
-    """batchscope's steps say their loop. For others: async when most steps were launched while the device still
-    ran the previous one (the host built ahead), else sync; the same for the whole trace."""
+    """batchscope's steps say their loop. Any other engine's step is async when it was launched before the device
+    finished the step before it (the host built ahead: an overlap scheduler), else sync, step by step whatever
+    engine wrote it; a step with nothing to go by (no launch, no device work, the first) takes its neighbour's."""
     if all(p.mode for p in plans):
         return [p.mode for p in plans]
-    overlapped = total = 0
+    seen: list[str | None] = []
     prev_end = None
     for sp in spans:
-        if sp is None or sp.compute is None:
-            continue
-        if prev_end is not None and sp.first_launch is not None:
-            total += 1
-            overlapped += sp.first_launch < prev_end
-        prev_end = sp.compute[1]
-    mode = "async" if total and overlapped > total / 2 else "sync"
-    return [p.mode or mode for p in plans]
+        mode = None
+        if sp is not None and sp.compute is not None:
+            if prev_end is not None and sp.first_launch is not None:
+                mode = "async" if sp.first_launch < prev_end else "sync"
+            prev_end = sp.compute[1]
+        seen.append(mode)
+    known = [m for m in seen if m is not None]
+    last = known[0] if known else "sync"
+    filled = []
+    for m in seen:
+        last = m or last
+        filled.append(last)
+    return [p.mode or m for p, m in zip(plans, filled)]

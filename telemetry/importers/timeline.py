@@ -14,6 +14,7 @@ from ..records import mode_record
 from ..summary import summarize
 from .analysis import FileAnalysis
 from .engines import device_names, vendor
+from .headline import device_shares, lane_idle, lead_with_device, put_shares, rank_table, unknown_is_none
 from .ranks import clock_shifts
 from .steprecords import rank_step_record, step_record
 from .kernel_spans import kernel_spans
@@ -37,17 +38,21 @@ def build(analyses: list[FileAnalysis], ranks: list[int], keep_kernels: bool = F
     local = [s - origin for s in shifts]                 # file µs -> timeline µs
     ref = analyses[0]
     steps, prev = [], None
-    for k, plan in enumerate(ref.plans):
-        lane = ref.lanes[0]
+    lane = ref.lanes[0]
+    for k, (plan, share) in enumerate(zip(ref.plans, device_shares(lane))):
         rec = step_record(plan, ref.modes[k], lane.spans[k], lane.between[k], lane.inside[k], local[0], 0,
                           ref.host_basis, prev)
-        steps.append(rec)
+        steps.append(put_shares(rec, share))
         prev = plan.number
     lanes_meta, rank_steps = _other_lanes(analyses, ranks, local, steps)
+    meta = _meta(analyses, ranks, shifts, origin, lanes_meta, clock_notes, skews)
     summary = summarize(steps, rank_steps=rank_steps)
-    summary.update(_device_figures(analyses, local, summary, lanes_meta))
-    tl = build_timeline(_meta(analyses, ranks, shifts, origin, lanes_meta, clock_notes, skews), steps, [], [],
-                        _mode_changes(steps), summary, rank_steps)
+    figures = _device_figures(analyses, local, summary, lanes_meta)
+    summary.update(figures)
+    lead_with_device(summary)
+    unknown_is_none(summary, meta["source"]["unknown"])
+    rank_table(summary, figures["devices"])
+    tl = build_timeline(meta, steps, [], [], _mode_changes(steps), summary, rank_steps)
     if keep_kernels:
         tl["kernels"] = [kernel_spans(analyses[m["_file"]], m["_lane"], local[m["_file"]], m["rank"])
                          for m in lanes_meta if m["device"] is not None and m["device"] >= 0]
@@ -77,11 +82,11 @@ def _rank_steps(fa: FileAnalysis, lane, rank: int, shift: float, same_file: bool
     """Another device's part of each step: by plan (same file), else by overlap in time with rank 0's steps."""
     out: dict[int, dict] = {}
     starts = np.array([s[0][0] for s in ref_spans]) if ref_spans else np.zeros(0)
-    for k, plan in enumerate(fa.plans):
+    for k, (plan, share) in enumerate(zip(fa.plans, device_shares(lane))):
         sp = lane.spans[k]
         if sp is None or sp.compute is None:
             continue
-        rec = rank_step_record(plan.number, rank, fa.modes[k], sp, shift)
+        rec = put_shares(rank_step_record(plan.number, rank, fa.modes[k], sp, shift), share)
         if not same_file:
             number = _overlapping_step(rec["compute_us"], ref_spans, starts)
             if number is None:
@@ -91,6 +96,9 @@ def _rank_steps(fa: FileAnalysis, lane, rank: int, shift: float, same_file: bool
             old = out[rec["step"]]["compute_us"]
             rec["compute_us"] = rec["gpu"]["compute"] = [min(old[0], rec["compute_us"][0]),
                                                          max(old[1], rec["compute_us"][1])]
+            for key in ("device_ops_us", "device_ops_before_us"):      # the earlier step's shares count too
+                if key in out[rec["step"]] or key in rec:
+                    rec[key] = round(out[rec["step"]].get(key, 0.0) + rec.get(key, 0.0), 1)
         out[rec["step"]] = rec
     return list(out.values())
 
@@ -130,7 +138,8 @@ def _device_figures(analyses, local, summary, lanes_meta) -> dict:
         busy = lane.busy.busy_us(lo, hi)
         fig = {"rank": m["rank"], "device": m["device"], "busy_pct_device_ops": round(100.0 * busy / (hi - lo), 2),
                "busy_us": round(busy, 1), "ops": int(len(lane.busy.rows)),
-               "collective_us": round(sum(sp.collective_us for sp in lane.spans if sp is not None), 1)}
+               "collective_us": round(sum(sp.collective_us for sp in lane.spans if sp is not None), 1),
+               **lane_idle(lane)}
         if m["rank"] == 0:
             in_steps = sum(g.idle_us for g in lane.between + lane.inside if g is not None)
             fig["idle_in_steps_us"] = round(in_steps, 1)
