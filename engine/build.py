@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .budget import step_token_limits
 from .config import ConfigError, EngineConfig
 from .kv_cache import KVCache
 from .model import attention
@@ -29,6 +30,7 @@ class RankModel:
     merged: list[str]               # merged projections
     kernels: list[str]              # batchscope kernels installed (model/speedups.py)
     layout: TPLayout | None         # None at tensor_parallel_size 1
+    kernels_skipped: list[str]      # why a kernel was left out of a module it would serve (model/speedups.py)
 
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
@@ -90,9 +92,9 @@ def load_rank(config: EngineConfig, rank: int = 0) -> RankModel:
         loaded.kv_layout = layout.kv_share(loaded.kv_layout)
         loaded.model.to(device)
     backend = attention_backend(config.attention, device)
-    merged, installed = install_speedups(loaded.model, device, backend, config.fused_kernels,
-                                         config.merge_projections)
-    return RankModel(loaded, device, backend, merged, installed, layout)
+    merged, installed, skipped = install_speedups(loaded.model, device, backend, config.fused_kernels,
+                                                  config.merge_projections)
+    return RankModel(loaded, device, backend, merged, installed, layout, skipped)
 
 
 def blocks_that_fit(rm: RankModel, config: EngineConfig) -> int:
@@ -112,9 +114,10 @@ def make_runner(rm: RankModel, config: EngineConfig, num_blocks: int, ranks: Ran
     kv = KVCache(rm.loaded.kv_layout, num_blocks, config.block_size, model.dtype, rm.device)
     max_blocks = -(-rm.loaded.max_model_len // config.block_size)
     # mixed graphs on one rank only: a capture that fails on one rank alone would leave the ranks apart
-    runner = ModelRunner(model, kv, rm.device, config.max_batch_tokens, config.max_running, max_blocks,
+    step_tokens, graph_tokens = step_token_limits(config, rm.device.type)
+    runner = ModelRunner(model, kv, rm.device, step_tokens, config.max_running, max_blocks,
                          rm.attention, config.cuda_graphs, ranks or RankGroup(),
-                         mixed_graphs=config.mixed_graphs and rm.layout is None)
+                         mixed_graphs=config.mixed_graphs and rm.layout is None, graph_tokens=graph_tokens)
     if rm.layout is not None:       # what one all-reduce costs here: part of every step, and of its floor
         runner.allreduce_us = measure_allreduce(model.config.hidden_size, model.dtype, rm.device)
     if runner.graphs.enabled:

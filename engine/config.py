@@ -27,8 +27,12 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None   # None: from kv_memory_fraction of free GPU memory (512 on CPU)
     kv_memory_fraction: float = 0.5
-    max_batch_tokens: int = 256     # per-step token budget (prefill chunks + decodes): small enough that a step
-                                    # carrying a chunk stays within 2x a decode step (the ITL tail), with graphs
+    max_batch_tokens: int | None = None  # per-step token budget (prefill chunks + decodes). None: adaptive, chosen
+                                    # each step from measured step times (budget.py, docs/budget.md); N: fixed N
+    itl_target_ms: float | None = None  # adaptive budget: a step carrying prefill stays within this many ms
+                                    # (None: 2x the current decode step)
+    budget_max_tokens: int | None = None  # adaptive budget: the most one step carries (None: 8192 on CUDA, 2048 on
+                                    # CPU); buffers are sized for it
     max_running: int = 64
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
@@ -52,11 +56,19 @@ class EngineConfig:
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.attention not in ("auto", "torch", "triton"):
             raise ConfigError(f"attention must be auto, torch or triton, got {self.attention!r}")
-        for name in ("block_size", "max_batch_tokens", "max_running", "tensor_parallel_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if isinstance(self.tensor_parallel_size, bool):
-            raise ConfigError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
+        for name in ("block_size", "max_batch_tokens", "max_running", "tensor_parallel_size", "budget_max_tokens"):
+            value = getattr(self, name)
+            if name in ("max_batch_tokens", "budget_max_tokens") and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.itl_target_ms is not None and (not _is_number(self.itl_target_ms)
+                                               or not 0 < float(self.itl_target_ms) < float("inf")):
+            raise ConfigError(f"itl_target_ms must be a positive number of milliseconds, got {self.itl_target_ms!r}")
+        if self.max_batch_tokens is not None and (self.itl_target_ms is not None
+                                                  or self.budget_max_tokens is not None):
+            raise ConfigError("itl_target_ms and budget_max_tokens size the adaptive budget; a fixed "
+                              "max_batch_tokens takes neither (leave max_batch_tokens unset for the adaptive one)")
         if self.cpu_threads is not None and (isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int)
                                              or self.cpu_threads < 1):
             raise ConfigError(f"cpu_threads must be a positive integer, got {self.cpu_threads!r}")

@@ -208,8 +208,20 @@ class EngineCore:
         t2 = now()
         step.host["wait"] = (t0, t1)
         step.host["update"] = (t1, t2)
+        self._observe_step_time(step)
         self._trace(step, delivered, None)
         marks.consumed(step.plan.step)
+
+    def _observe_step_time(self, step: Step) -> None:
+        """Teach the budget's step-time model what this step cost: its compute events (complete once the wait
+        returned, so reading them waits for nothing), or on CPU its launch span (the step ran inside it)."""
+        plan = step.plan
+        if self.runner.cuda:
+            ms = self.runner.compute_ms(step.launched)
+        else:
+            t0, t1 = step.host["launch"]
+            ms = (t1 - t0) / 1e6
+        self.scheduler.budget.observe(plan.num_tokens, ms, all(s.is_decode for s in plan.seqs))
 
     def _update(self, plan: StepPlan, tokens: list[int], records):
         """The step's tokens (and, from an extras step, their logprobs records) into their requests."""
@@ -302,7 +314,8 @@ class EngineCore:
             built_during_step=step.built_during_step,
             arrivals=step.arrivals, tokens=delivered, finished=finished, preempted=plan.preempted,
             prefill_tokens_by_request={seq.req.id: seq.num_tokens for seq in plan.seqs
-                                       if not seq.is_decode}, error=error)
+                                       if not seq.is_decode}, error=error,
+            budget=plan.budget.as_dict() if plan.budget is not None else None)
 
 
 def _latest_logprobs(req: Request, n: int) -> dict:

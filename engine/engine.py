@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from .budget import make_budget
 from .build import (blocks_that_fit, check_tensor_parallel, load_rank, lower_priority, make_runner, rank_device,
                     use_cpu_threads)
 from .config import ConfigError, EngineConfig, EngineUnavailable, SamplingParams
@@ -46,6 +47,7 @@ class Engine:
             num_blocks = self._ranks.agree_blocks(blocks_that_fit(rm, config))
             self.device, self.attention = rm.device, rm.attention
             self.merged, self.kernels, self.tp_layout = rm.merged, rm.kernels, rm.layout
+            self.kernels_skipped = rm.kernels_skipped
             loaded = rm.loaded
             self.model, self.tokenizer = loaded.model, loaded.tokenizer
             self.eos_token_ids = loaded.eos_token_ids
@@ -59,8 +61,10 @@ class Engine:
             self._ranks.close()
             raise
         self.allocator = BlockAllocator(num_blocks)
-        scheduler = Scheduler(self.allocator, config.block_size, config.max_batch_tokens, config.max_running,
-                              self.max_model_len)
+        budget = make_budget(config, self.device.type)
+        if runner.graphs.mixed_buckets:     # steps that carry decodes stay within the mixed-step graphs
+            budget.limit_decode_steps(max(runner.graphs.mixed_buckets))
+        scheduler = Scheduler(self.allocator, config.block_size, budget, config.max_running, self.max_model_len)
         self._core = EngineCore(scheduler, runner, self.eos_token_ids, self._detokenize, self._stop_at)
         self._core.requested_mode = config.mode
         self._rng = random.Random(config.seed)
@@ -257,10 +261,14 @@ class Engine:
             "v_head_dim": self.kv.v_head_dim,
             "vocab_size": self.model.get_input_embeddings().weight.shape[0],
             "block_size": self.config.block_size, "num_blocks": num_blocks,
-            "max_batch_tokens": self.config.max_batch_tokens, "max_running": self.config.max_running,
+            # the most tokens one step may carry (a fixed budget's value), and the budget policy with its step-time
+            # model: a dict the engine thread refreshes in place (budget.py), so readers see it live
+            "max_batch_tokens": self.scheduler.max_batch_tokens, "budget": self.scheduler.budget.snapshot,
+            "max_running": self.config.max_running,
             "max_model_len": self.max_model_len, "attention": self.attention,
             # how many of batchscope's kernels were swapped into the model (model/speedups.py)
             "cuda_graphs": self.runner.graphs.enabled, "fused_kernels": len(self.kernels),
+            "kernels_skipped": list(self.kernels_skipped),   # and why one was not, where its code differs
             # whether those kernels start while the kernel before them finishes (kernels/dependent_launch.py)
             "dependent_launch": self.attention == "triton" and _launches_early(self.device),
             # why steps run eagerly although graphs were asked for (None when they run), and how experts run

@@ -84,7 +84,9 @@ class Launched:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, max_tokens: int,
                  max_seqs: int, max_blocks: int, attention: str, cuda_graphs: bool = False,
-                 ranks: RankGroup | None = None, mixed_graphs: bool = False):
+                 ranks: RankGroup | None = None, mixed_graphs: bool = False, graph_tokens: int | None = None):
+        """`max_tokens`: the most tokens a step may carry (the IO slots are sized for it); `graph_tokens`: the
+        largest mixed step captured as a graph (default max_tokens; graphs.mixed_buckets caps it)."""
         self.model, self.kv, self.device, self.attention = model, kv, device, attention
         self.ranks = ranks or RankGroup()
         self.max_blocks = max_blocks
@@ -122,7 +124,7 @@ class ModelRunner:
         self.graphs = StepGraphs(model, device, self.slots, self.events, self.compute_stream, self._forward,
                                  self.carry_source, self.mark_start, self.block_size, max_blocks, kv.scratch_block,
                                  min(max_seqs, max_tokens), cuda_graphs and self.cuda and attention == "triton",
-                                 note, max_tokens=max_tokens, mixed=mixed_graphs)
+                                 note, max_tokens=graph_tokens or max_tokens, mixed=mixed_graphs)
         self.allreduce_us: dict[int, float] = {}   # tensor parallel: one all-reduce of [rows, hidden], measured
 
     # -- prepare ------------------------------------------------------------------------------------------------
@@ -311,6 +313,18 @@ class ModelRunner:
             launched.events.d2h_end.synchronize()
         S = launched.batch.num_sampled
         return launched.batch.slot.host_out[:S].tolist()     # pinned host memory the copy already filled
+
+    def compute_ms(self, launched: Launched | None) -> float | None:
+        """A consumed step's device compute time in ms, from its compute events: complete once `wait` returned
+        (the D2H copy waited on them), so this reads two timestamps and waits for nothing. None on CPU or when
+        the events cannot be read."""
+        if launched is None or launched.events is None:
+            return None
+        start, end = launched.events.spans()["compute"]
+        try:
+            return start.elapsed_time(end)
+        except RuntimeError:
+            return None
 
     def logprobs(self, launched: Launched):
         """After `wait`: an extras step's logprobs records ([S, RECORD_WORDS] float32 numpy, batch.py says the

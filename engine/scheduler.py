@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from .budget import Budget, StepBudget
 from .kv_cache import BlockAllocator
 from .penalties import PenaltyRows
 from .request import Request
@@ -36,6 +37,7 @@ class StepPlan:
     queue_depth: int
     running: int
     preempted: list[str] = field(default_factory=list)
+    budget: Budget | None = None    # the token budget it was planned within, and why that one (budget.py)
 
     # A plan never changes once made; these are read several times a step (fill, launch, wait, update, trace).
     @cached_property
@@ -48,17 +50,24 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, block_size: int, max_batch_tokens: int, max_running: int,
-                 max_model_len: int):
+    def __init__(self, allocator: BlockAllocator, block_size: int, max_batch_tokens: int | StepBudget,
+                 max_running: int, max_model_len: int):
+        """`max_batch_tokens`: a fixed per-step budget, or the StepBudget policy that chooses one per step."""
         self.allocator = allocator
         self.block_size = block_size
-        self.max_batch_tokens = max_batch_tokens
+        self.budget = (max_batch_tokens if isinstance(max_batch_tokens, StepBudget)
+                       else StepBudget(max_batch_tokens, max_batch_tokens))
         self.max_running = max_running
         self.max_model_len = max_model_len
         self.queue: deque[Request] = deque()
         self.running: list[Request] = []
         # rows of the device's token counts for requests with penalties: one per request that may run at once
         self.penalty_rows = PenaltyRows(max_running)
+
+    @property
+    def max_batch_tokens(self) -> int:
+        """The most tokens any step may carry (a fixed budget's value)."""
+        return self.budget.max_tokens
 
     # -- bookkeeping --------------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -104,7 +113,8 @@ class Scheduler:
         if previous is not None:
             carry_rows = {s.req.id: row for row, s in enumerate(previous.sampled)}
         queue_depth, running_now = len(self.queue), len(self.running)
-        draft = _Draft(budget=self.max_batch_tokens, carry_rows=carry_rows)
+        budget = self._choose_budget()
+        draft = _Draft(budget=budget.tokens, carry_rows=carry_rows)
         self._schedule_running(draft)
         self._admit_queued(draft)
         if not draft.seqs:
@@ -113,12 +123,31 @@ class Scheduler:
             seq.req.num_computed += seq.num_tokens
             if seq.sample:
                 seq.req.pending += 1
-        return StepPlan(step, draft.seqs, queue_depth, running_now, draft.preempted)
+        return StepPlan(step, draft.seqs, queue_depth, running_now, draft.preempted, budget)
+
+    def _choose_budget(self) -> Budget:
+        """Ask the budget policy, with what it weighs: the requests decoding, the prefill tokens waiting (running
+        requests' and those the queue could admit now) and the tokens the decoding requests have left."""
+        if not self.budget.adaptive:
+            return self.budget.choose(len(self.running), 0, 0.0)
+        decoding, prefill, left = 0, 0, 0
+        for req in self.running:
+            todo = req.total_len - req.num_computed
+            if _decodes_next(req):
+                decoding += 1
+                left += max(0, req.params.max_new_tokens - len(req.output_ids) - req.pending)
+            else:
+                prefill += todo
+        for req in list(self.queue)[:max(0, self.max_running - len(self.running))]:
+            prefill += req.total_len - req.num_computed
+        return self.budget.choose(decoding, prefill, left / decoding if decoding else 0.0)
 
     def _schedule_running(self, draft: _Draft) -> None:
-        """Running requests first, in admission order. One short of KV blocks preempts the newest running request
-        not yet in this step (or itself, when every other one already is)."""
-        for req in list(self.running):
+        """Running requests first: those decoding, then those still prefilling, each in admission order (so a
+        long prompt's chunk never takes the budget its decodes were counted in). One short of KV blocks preempts
+        the newest running request not yet in this step (or itself, when every other one already is)."""
+        order = [r for r in self.running if _decodes_next(r)] + [r for r in self.running if not _decodes_next(r)]
+        for req in order:
             if req not in self.running or draft.budget <= 0:
                 continue
             seq = self._plan_for(req, draft)
@@ -172,6 +201,11 @@ class Scheduler:
                 return None                      # recompute must wait until the in-flight token is known
             n, carry = 1, draft.carry_rows[req.id]
         return ScheduledSeq(req, req.num_computed, n, sample, carry)
+
+
+def _decodes_next(req: Request) -> bool:
+    """Its next step computes one token: a sampled one (carried or known), not a prompt chunk."""
+    return req.total_len - req.num_computed <= 1 and req.num_computed >= len(req.prompt_ids)
 
 
 @dataclass

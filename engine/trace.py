@@ -55,6 +55,9 @@ class StepTrace:
     # whose prompt (or recompute) tokens `prefill_tokens` are: id -> tokens; the other requests decoded one each
     prefill_tokens_by_request: dict[str, int] = field(default_factory=dict)
     error: str | None = None        # the exception text when this step failed (its requests failed with it)
+    # the token budget the step was planned within: {"tokens", "reason"} (budget.REASONS), "target_ms" when sized
+    # for a step-time target
+    budget: dict | None = None
 
 
 def head_start_ms(before_to_after_ms: float, start_kernel_ms: float) -> float:

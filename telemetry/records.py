@@ -11,6 +11,7 @@ launch there), marked `compute_basis: "host"`.
 from __future__ import annotations
 
 from batchscope.engine.request import FINISH_REASONS  # noqa: F401 (part of the record schema, defined once)
+from batchscope.engine.budget import REASONS as BUDGET_REASONS  # noqa: F401 (part of the record schema)
 from batchscope.engine.trace import GPU_PHASES, HOST_PHASES  # noqa: F401 (the phase names are part of the record schema)
 
 SCHEMA_ID = "batchscope.timeline/1"
@@ -67,6 +68,10 @@ def step_record(trace, cpu: dict, gpu: dict | None, compute: list | None, basis:
         rec["prefill_tokens_by_request"] = dict(trace.prefill_tokens_by_request)
     if trace.error:
         rec["error"] = str(trace.error)
+    # the token budget the step ran with and why (decode_target, no_decode, fixed): absent from old traces
+    budget = getattr(trace, "budget", None)
+    if budget is not None:
+        rec["budget"] = dict(budget)
     return rec
 
 

@@ -6,7 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from .records import COMPUTE_BASES, FINISH_REASONS, GPU_PHASES, HOST_PHASES, IDLE_CAUSES, NVML_FIELDS, SCHEMA_ID
+from .records import (BUDGET_REASONS, COMPUTE_BASES, FINISH_REASONS, GPU_PHASES, HOST_PHASES, IDLE_CAUSES,
+                      NVML_FIELDS, SCHEMA_ID)
 
 _SPAN = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2,
          "description": "[start_us, end_us] on the host clock, microseconds since the timeline's origin"}
@@ -51,6 +52,14 @@ STEP = {
                                                      "token each. Only on steps with prefill (absent in timelines "
                                                      "from before it existed)"},
         "error": {"type": "string"},
+        "budget": {"type": "object", "required": ["tokens", "reason"],
+                   "properties": {"tokens": {"type": "integer", "minimum": 1},
+                                  "reason": {"enum": list(BUDGET_REASONS)},
+                                  "target_ms": {"type": "number", "minimum": 0}},
+                   "description": "the token budget the step was planned within and why: fixed (a fixed "
+                                  "max_batch_tokens), no_decode (nothing decoding: the adaptive budget's largest "
+                                  "step), decode_target (the largest chunk whose predicted step time stays within "
+                                  "target_ms). Absent in timelines from before it existed (docs/budget.md)"},
         # steps imported from a profiler trace (telemetry/importers): what only a trace can show
         "marker": {"type": "string", "description": "the engine's own name for the step, as the trace has it"},
         "gpu_idle_inside_us": {"type": "number", "minimum": 0,
