@@ -1,4 +1,4 @@
-"""`batchscope serve | replay | import | bench | soak | sweep`: the command line.
+"""`batchscope serve | replay | import | compare | bench | soak | sweep`: the command line.
 
 It imports nothing heavy until a command runs: `batchscope --help` and `--version` load neither torch nor the web
 server. Each command imports what it needs inside its function (the server, the engine, the bench's runners).
@@ -24,7 +24,7 @@ DEFAULT_PORT = 7860
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(compare_sides(sys.argv[1:] if argv is None else list(argv)))
     rc = args.func(args)
     if "torch" in sys.modules:     # a tensor-parallel run on CUDA exits without tearing its NCCL group down
         from batchscope.engine.parallel.ranks import leave
@@ -46,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: from free memory)")
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens,
-                   help="per-step token budget: decodes plus prefill chunks")
+                   help="a fixed per-step token budget: decodes plus prefill chunks (default: adaptive, chosen "
+                        "each step from measured step times; docs/budget.md)")
+    s.add_argument("--itl-target-ms", type=float, default=None, metavar="MS",
+                   help="adaptive budget: a step that carries prefill while requests decode stays within MS "
+                        "(default: 2x the current decode step)")
     s.add_argument("--no-mixed-graphs", action="store_true",
                    help="run the steps that carry prefill eagerly (decode steps keep their CUDA graphs)")
     s.add_argument("--max-running", type=int, default=64)
@@ -72,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_replay)
 
     _add_import_parser(sub)
+    _add_compare_parser(sub)
 
     # the tools' options are defined once, in their own options.py (argparse only)
     b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload",
@@ -132,6 +137,7 @@ def cmd_serve(args) -> int:
                               block_size=args.block_size, num_blocks=args.num_blocks,
                               max_batch_tokens=args.max_batch_tokens, max_running=args.max_running,
                               seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
+                              itl_target_ms=args.itl_target_ms,
                               mixed_graphs=not args.no_mixed_graphs).validate()
         config.cpu_threads, config.nice = share_with_page(config.device, args.host, args.cpu_threads, args.nice)
         preflight(config.model)       # a broken or refused checkpoint folder: one line, before "loading ..."
@@ -240,6 +246,40 @@ def cmd_import(args) -> int:
     from .trace_import import run          # numpy and the importer load here
 
     return run(args.traces, args.output, args.kernels, args.workers, args.partial)
+
+
+def _add_compare_parser(sub) -> None:
+    c = sub.add_parser("compare", help="which change made it slower: two sets of recordings compared step by step "
+                                       "at matched batch shapes, with a verdict that knows its noise",
+                       description="Compare BASE and NEW recordings (timeline JSON, .gz or not; a bench result, "
+                                   "BENCH.json#LABEL for one label's runs; a profiler trace; a server's URL). One "
+                                   "a side: compare BASE NEW; several: compare B1 B2 -- N1 N2. Exit 0: nothing "
+                                   "regressed beyond --fail-above; 1: it did; 2: bad input. docs/compare.md.")
+    c.add_argument("recordings", nargs="+", metavar="BASE", help="BASE's recordings (and NEW's, with no --)")
+    c.add_argument("--new", nargs="*", default=None, metavar="NEW", help=argparse.SUPPRESS)   # what -- becomes
+    c.add_argument("--json", metavar="FILE", default=None, help="write the batchscope.compare/1 result here")
+    c.add_argument("--markdown", metavar="FILE", default=None, help="write a Markdown report (a PR comment) here")
+    c.add_argument("--fail-above", type=float, default=None, metavar="PCT",
+                   help="exit 1 when the device step time is `slower` by more than PCT percent")
+    c.add_argument("--min-effect", type=float, default=None, metavar="PCT",
+                   help="the smallest change called a change (default: 3%% on a GPU, 10%% on a CPU with one "
+                        "recording a side; 1%% / 3%% with several)")
+    c.set_defaults(func=cmd_compare)
+
+
+def compare_sides(argv: list[str]) -> list[str]:
+    """`compare A1 A2 -- B1 B2`: the `--` between the sides becomes the hidden --new option, since argparse
+    would otherwise drop it and merge the sides."""
+    if argv[:1] == ["compare"] and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut] + ["--new"] + argv[cut + 1:]
+    return argv
+
+
+def cmd_compare(args) -> int:
+    from batchscope.telemetry.compare.command import run       # numpy loads here
+
+    return run(args.recordings, args.new, args.json, args.markdown, args.fail_above, args.min_effect)
 
 
 def cmd_bench(args) -> int:

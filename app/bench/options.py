@@ -51,9 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="timed rounds; the order reverses every other round; the table shows medians")
     p.add_argument("--seed", type=int, default=0, help="seeds the prompts and the random presets' weights")
     p.add_argument("--warmup-tokens", type=positive_int, default=8, help="new tokens of the untimed warm-up")
-    p.add_argument("--max-batch-tokens", type=positive_int, default=None,
-                   help="per-step token budget, for both systems (default: enough to prefill all prompts at "
-                        "once, between 2048 and 8192)")
+    p.add_argument("--max-batch-tokens", type=budget_tokens, default=None,
+                   help="per-step token budget, for both systems: N (fixed) or 'adaptive' (batchscope chooses per "
+                        "step from measured step times; docs/budget.md). Default: uniform, enough to prefill all "
+                        "prompts at once, between 2048 and 8192; served, adaptive (as `batchscope serve`)")
+    p.add_argument("--itl-target-ms", type=positive_float, default=None, metavar="MS",
+                   help="adaptive budget: a step that carries prefill while requests decode stays within MS "
+                        "(default: 2x the current decode step)")
     p.add_argument("--no-mixed-graphs", action="store_true",
                    help="batchscope runs the steps that carry prefill eagerly (decode keeps its CUDA graphs)")
     p.add_argument("--num-blocks", type=positive_int, default=None,
@@ -101,6 +105,24 @@ def positive_float(text: str) -> float:
     return v
 
 
+ADAPTIVE = "adaptive"
+
+
+def budget_tokens(text: str) -> int | str:
+    """--max-batch-tokens: a positive integer (a fixed budget) or 'adaptive'."""
+    if str(text).strip().lower() == ADAPTIVE:
+        return ADAPTIVE
+    return positive_int(text)
+
+
+def engine_budget(value, default: int | None) -> int | None:
+    """--max-batch-tokens as EngineConfig takes it: N is fixed, 'adaptive' is None (the adaptive budget), unset is
+    `default`."""
+    if value is None:
+        return default
+    return None if value == ADAPTIVE else int(value)
+
+
 def lengths(text: str) -> int | tuple[int, int]:
     """N (one length) or MIN:MAX (a range a served workload draws from, both ends included)."""
     if ":" not in text:
@@ -138,6 +160,12 @@ def settle_workload(ns: argparse.Namespace) -> argparse.Namespace:
     exit status 2) for a combination that cannot run. The uniform workload is left exactly as it was."""
     if ns.workload not in WORKLOADS:
         raise ValueError(f"--workload is one of {', '.join(WORKLOADS)}, got {ns.workload!r}")
+    budget = ns.max_batch_tokens
+    fixed = budget != ADAPTIVE if budget is not None else ns.workload == "uniform"    # uniform's default is fixed
+    if ns.itl_target_ms is not None and fixed:
+        raise ValueError("--itl-target-ms sizes the adaptive budget: it takes no fixed --max-batch-tokens"
+                         + (" (the uniform workload's default is fixed: add --max-batch-tokens adaptive)"
+                            if ns.workload == "uniform" else ""))
     if ns.workload == "uniform":
         given = [f"--{k.replace('_', '-')}" for k in SERVED_ONLY if getattr(ns, k, None) is not None]
         ranged = [f"--{k.replace('_', '-')}" for k in ("prompt_tokens", "new_tokens")

@@ -33,7 +33,7 @@ from batchscope.engine import EngineConfig
 from batchscope.engine.config import MODES
 
 from .floor import measure_bandwidth, workload_floors
-from .options import build_parser, complete, settle_workload
+from .options import build_parser, complete, engine_budget, settle_workload
 from .output import TP_BASELINE_SKIPPED, baseline_labels, plan_order, report_head, say, timeline_path, write_json
 from .report import _digest, _median, disagreeing_runs, format_served_table, format_table
 from .systems import METRICS, BatchscopeRunner, TransformersRunner, nvml_window
@@ -90,7 +90,7 @@ def run_benchmark(args) -> dict:
             say(f"skipping the transformers baseline: {TP_BASELINE_SKIPPED}")
         elif args.baseline == "transformers":
             say("loading the same weights for transformers' generate_batch (sdpa)")
-            tf = TransformersRunner(config, config.max_batch_tokens, per_request, args.requests, show,
+            tf = TransformersRunner(config, info["max_batch_tokens"], per_request, args.requests, show,
                                     bs.engine.model)
             labels += baseline_labels(tf, skipped)
         _warm_up(args, bs, tf, labels, prompts)
@@ -114,11 +114,12 @@ def run_benchmark(args) -> dict:
 def _engine_config(args, per_request: int) -> EngineConfig:
     """One engine for every batchscope run: room for every request at once, the first mode to start with."""
     block_size = EngineConfig.block_size
-    max_batch_tokens = args.max_batch_tokens or default_max_batch_tokens(args.requests, args.prompt_tokens)
+    default = default_max_batch_tokens(args.requests, args.prompt_tokens)
+    max_batch_tokens = engine_budget(args.max_batch_tokens, default)       # None: the adaptive budget
     num_blocks = args.num_blocks or args.requests * (math.ceil(per_request / block_size) + 1)
     return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.modes[0],
                         block_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
-                        max_running=args.requests, seed=args.seed,
+                        max_running=args.requests, seed=args.seed, itl_target_ms=args.itl_target_ms,
                         tensor_parallel_size=args.tensor_parallel_size,
                         mixed_graphs=not args.no_mixed_graphs).validate()
 

@@ -18,7 +18,7 @@ from batchscope.telemetry.summary import request_metrics
 from ..loadtest.metrics import LATENCIES, burst_metrics
 from .report import _digest
 from .served import requests_digest
-from .steps import busy_figures, kind_figures, step_kind
+from .steps import budget_figures, busy_figures, kind_figures, step_kind
 
 
 def client_figures(sent: list, start_ns: int, end_ns: int) -> dict:
@@ -64,6 +64,7 @@ def timeline_figures(timeline: dict) -> dict:
             "steps": {"total": len(steps), "modes": _count(r["mode"] for r in steps),
                       "by_kind": kinds, "kinds_sum": sum(k["steps"] for k in kinds.values()),
                       "first_kind": step_kind(steps[0]) if steps else None},
+            "budget": budget_figures(steps),
             "engine_latency_ms": engine_latency(timeline),
             "recording": {"full": rec.get("full"), "truncated": rec.get("truncated"),
                           "dropped": rec.get("dropped")}}

@@ -22,6 +22,7 @@ from batchscope.engine import EngineConfig
 from batchscope.engine.config import MODES
 
 from .floor import measure_bandwidth
+from .options import engine_budget
 from .output import TP_BASELINE_SKIPPED, baseline_labels, plan_order, report_head, say, timeline_path, write_json
 from .served import plan_requests, plan_summary, run_mode
 from .served_figures import (client_figures, finish_run, latency_from_engine, medians, nvml_mean,
@@ -59,7 +60,7 @@ def run_served(args) -> dict:
             skipped["transformers"] = TP_BASELINE_SKIPPED
         elif args.baseline == "transformers":
             say("loading the same weights for transformers' continuous batching (sdpa)")
-            tf = TransformersRunner(config, config.max_batch_tokens, longest, len(plan), show, bs.engine.model)
+            tf = TransformersRunner(config, info["max_batch_tokens"], longest, len(plan), show, bs.engine.model)
             labels += baseline_labels(tf, skipped)
             say(f"note: {ALL_AT_ONCE}")
         _warm_up(args, bs, tf, labels, plan)
@@ -78,7 +79,7 @@ def run_served(args) -> dict:
 
 
 def served_engine_config(args) -> EngineConfig:
-    """`--max-running` slots; the per-step token budget `batchscope serve` uses unless --max-batch-tokens; KV
+    """`--max-running` slots; the per-step token budget `batchscope serve` uses (adaptive) unless told; KV
     blocks for that many of the longest requests at once (no preemption), unless --num-blocks."""
     block = EngineConfig.block_size
     longest = args.prompt_tokens[1] + args.new_tokens[1]
@@ -86,8 +87,8 @@ def served_engine_config(args) -> EngineConfig:
     num_blocks = args.num_blocks or running * (math.ceil(longest / block) + 1)
     return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.modes[0],
                         block_size=block, num_blocks=num_blocks,
-                        max_batch_tokens=args.max_batch_tokens or EngineConfig.max_batch_tokens,
-                        max_running=args.max_running, seed=args.seed,
+                        max_batch_tokens=engine_budget(args.max_batch_tokens, EngineConfig.max_batch_tokens),
+                        max_running=args.max_running, seed=args.seed, itl_target_ms=args.itl_target_ms,
                         tensor_parallel_size=args.tensor_parallel_size,
                         mixed_graphs=not args.no_mixed_graphs).validate()
 

@@ -156,3 +156,24 @@ def launch_lead(steps: list[dict]) -> dict:
 def _mean(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return round(sum(vals) / len(vals), 3) if vals else None
+
+
+def budget_figures(steps: list[dict]) -> dict:
+    """The token budgets the steps ran with (StepRecord.budget), by reason: how many steps, the budget's tokens
+    (p50, min, max), the tokens the steps carried (p50) and the compute ms (p50, p99) of those that carried
+    prefill. Steps recorded before budgets were recorded count under "unknown"."""
+    groups: dict[str, list[dict]] = {}
+    for rec in steps:
+        groups.setdefault((rec.get("budget") or {}).get("reason", "unknown"), []).append(rec)
+    out = {}
+    for reason, recs in groups.items():
+        tokens = [r["budget"]["tokens"] for r in recs if r.get("budget")]
+        carried = [r["prefill_tokens"] + r["decode_tokens"] for r in recs]
+        prefill_ms = [(r["compute_us"][1] - r["compute_us"][0]) / 1e3 for r in recs
+                      if r.get("prefill_tokens") and r.get("compute_us")]
+        out[reason] = {"steps": len(recs), "with_prefill": sum(1 for r in recs if r.get("prefill_tokens")),
+                       "budget_tokens": {"p50": percentiles(tokens, (50,))["p50"], "min": min(tokens, default=None),
+                                         "max": max(tokens, default=None)},
+                       "carried_tokens_p50": percentiles(carried, (50,))["p50"],
+                       "prefill_step_ms": percentiles(prefill_ms, (50, 99))}
+    return out

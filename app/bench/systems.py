@@ -19,6 +19,8 @@ import torch
 
 from batchscope.engine import Engine, EngineConfig, SamplingParams, StepTrace
 
+from .steps import budget_figures
+
 TF_VARIANTS = {"transformers-sync": False, "transformers-async": True}   # label -> use_async_batching
 # per-run metrics; a run that could not measure one reports None (e.g. busy % without telemetry)
 METRICS = ("wall_s", "output_tokens", "tokens_per_s", "decode_ms_per_step", "floor_ms_per_step", "floor_pct",
@@ -76,6 +78,7 @@ class BatchscopeRunner:
             self.tel.stop_recording()
             timeline = self.tel.timeline(label)
             m.update(_decode_metrics(timeline, self.tel.bandwidth_gbps))
+            m["budget"] = budget_figures(timeline["steps"])     # the budgets its steps ran with, by reason
         return m, timeline
 
     def _await_rank_spans(self, timeout_s: float = 5.0) -> None:
