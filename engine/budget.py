@@ -178,9 +178,10 @@ class StepBudget:
             return Budget(min(cap, max(COLD_TOKENS, decoding + MIN_CHUNK)), "decode_target")
         per_token = fit[1]
         target = self.itl_target_ms or DECODE_FACTOR * decode_ms
-        if self.itl_target_ms is None and prefill_waiting * per_token > decode_left * decode_ms:
-            target = max(target, decode_ms + per_token * (cap - decoding))     # prefill first: the largest step
-        chunk = int((target - decode_ms) / per_token)
+        largest = decode_ms + per_token * (cap - decoding)
+        if self.itl_target_ms is None and prefill_waiting * per_token > decode_left * decode_ms and largest > target:
+            return Budget(cap, "decode_target", largest)        # prefill first: the largest step
+        chunk = int((target - decode_ms) / per_token + 1e-9)
         return Budget(max(decoding + MIN_CHUNK, min(cap, decoding + chunk)), "decode_target", target)
 
     def observe(self, tokens: int, ms: float | None, decode_only: bool) -> None:

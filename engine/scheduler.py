@@ -143,11 +143,9 @@ class Scheduler:
         return self.budget.choose(decoding, prefill, left / decoding if decoding else 0.0)
 
     def _schedule_running(self, draft: _Draft) -> None:
-        """Running requests first: those decoding, then those still prefilling, each in admission order (so a
-        long prompt's chunk never takes the budget its decodes were counted in). One short of KV blocks preempts
-        the newest running request not yet in this step (or itself, when every other one already is)."""
-        order = [r for r in self.running if _decodes_next(r)] + [r for r in self.running if not _decodes_next(r)]
-        for req in order:
+        """Running requests first, in admission order. One short of KV blocks preempts the newest running request
+        not yet in this step (or itself, when every other one already is)."""
+        for req in list(self.running):
             if req not in self.running or draft.budget <= 0:
                 continue
             seq = self._plan_for(req, draft)
