@@ -18,6 +18,7 @@ from .shapes import HOST_PHASES, key_label, recording_facts, step_figures, step_
 
 SCHEMA_ID = "batchscope.compare/1"
 MIN_BUCKET_STEPS = 5            # a bucket compared needs this many timed steps on each side
+MIN_VERDICT_STEPS = 20          # ... and this many for a verdict of its own (a few steps under-state their spread)
 MAIN_FIGURES = ("step", "compute")
 
 
@@ -54,7 +55,8 @@ def compare(base: list[Recording], new: list[Recording], min_effect_pct: float |
     mix /= mix.sum()
     rng = np.random.default_rng(seed)
     weights = {side: noise.resample_weights(s.recording, s.block, noise.RESAMPLES, rng) for side, s in sides.items()}
-    stats = {name: _figure_stats(name, sides, weights, mix, len(matched)) for name in figures}
+    trim = noise.trim_for(basis)
+    stats = {name: _figure_stats(name, sides, weights, mix, len(matched), trim) for name in figures}
     base_step = stats["step"]
     results = {name: _figure_result(name, st, base_step, m) for name, st in stats.items()}
     step = results["step"]
@@ -69,7 +71,8 @@ def compare(base: list[Recording], new: list[Recording], min_effect_pct: float |
                   else ("several recordings a side: run spread measured" if runs >= 2
                         else "one recording a side: run spread not measured"),
                   "basis": basis, "resamples": noise.RESAMPLES, "block_steps": noise.BLOCK_STEPS,
-                  "run_spread": runs >= 2, "min_bucket_steps": MIN_BUCKET_STEPS},
+                  "run_spread": runs >= 2, "min_bucket_steps": MIN_BUCKET_STEPS, "trim": trim,
+                  "min_bucket_verdict_steps": MIN_VERDICT_STEPS},
         "matching": {"keys": ["mode", "decode_batch", "prefill_tokens", "kv_tokens"], "mode_in_key": with_mode,
                      "buckets": len(matched)},
         "figures": results,
@@ -167,17 +170,17 @@ def _figure_names(sides: dict) -> list[str]:
     return [n for n in order if n in both] + causes
 
 
-def _figure_stats(name: str, sides: dict, weights: dict, mix: np.ndarray, n_buckets: int) -> dict:
+def _figure_stats(name: str, sides: dict, weights: dict, mix: np.ndarray, n_buckets: int, trim: float) -> dict:
     """Per side: the point estimate per bucket and over the mix, its resamples, and per recording."""
     out = {}
     for side, s in sides.items():
         values = s.values[name]
         ones = np.ones((1, s.bucket.size), dtype=np.float32)
-        point = noise.bucket_means(ones, values, s.bucket, n_buckets)[0]
-        resampled = noise.bucket_means(weights[side], values, s.bucket, n_buckets)
+        point = noise.bucket_means(ones, values, s.bucket, n_buckets, trim)[0]
+        resampled = noise.bucket_means(weights[side], values, s.bucket, n_buckets, trim)
         n_rec = int(s.recording.max()) + 1
         per_rec = (s.recording[None, :] == np.arange(n_rec)[:, None]).astype(np.float32)
-        by_rec = noise.bucket_means(per_rec, values, s.bucket, n_buckets)
+        by_rec = noise.bucket_means(per_rec, values, s.bucket, n_buckets, trim)
         out[side] = {"point": point, "total": float(noise.mix_total(point[None, :], point, mix)[0]),
                      "resampled": resampled, "totals": noise.mix_total(resampled, point, mix),
                      "recordings": [float(x) for x in noise.mix_total(by_rec, point, mix)]}
@@ -236,7 +239,8 @@ def _buckets(matched: list, stats: dict, counts: dict, mix: np.ndarray, m: float
                     "label": key_label(key), "base_steps": counts["base"][key], "new_steps": counts["new"][key],
                     "time_share": _r(shares[i]), "base_step_ms": _r(bp[i]), "new_step_ms": _r(np_[i]),
                     "ratio": {"value": _r(ratio), "low": _r(low), "high": _r(high)},
-                    "verdict": noise.ratio_verdict(low, high, m, ratio is not None)})
+                    "verdict": noise.ratio_verdict(low, high, m, ratio is not None and min(
+                        counts["base"][key], counts["new"][key]) >= MIN_VERDICT_STEPS)})
     return out
 
 
