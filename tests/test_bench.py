@@ -40,6 +40,9 @@ def test_every_run_reports_every_metric(cpu_bench, capsys):
     assert "transformers-async" in result["skipped"]
     assert result["bandwidth"]["gbps"] > 0
     assert result["transformers_config"]["same_weights"] is True
+    # the baseline runs transformers' own code, although the engine beside it runs its kernels (per model)
+    assert result["transformers_config"]["batchscope_patches"] == []
+    assert result["engine_info"]["kernels_skipped"] == []
     assert result["floor"]["ms_per_step"] > 0
     assert result["floor"]["gemm_peak"]["tflops"] > 0
     assert result["floor"]["roofline"]["ms_per_step"] >= result["floor"]["ms_per_step"] * 0.999

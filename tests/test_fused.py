@@ -75,13 +75,7 @@ def install(model):
 
 def uninstall(model):
     rms.uninstall_rms_norms(model)
-    rot.uninstall_rotary()
-
-
-@pytest.fixture(autouse=True)
-def _restore_rotary():
-    yield
-    rot.uninstall_rotary()
+    rot.uninstall_rotary(model)
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -248,26 +242,110 @@ def test_silu_mul_declines_what_it_does_not_cover_in_interpreter():
 
 
 @interp
-def test_install_patches_only_matching_modules_and_uninstalls():
+def test_install_patches_only_matching_norms_and_uninstalls():
     model = torch.nn.ModuleDict({
         "llama": LlamaRMSNorm(16), "qwen3": Qwen3RMSNorm(8), "gemma": GemmaRMSNorm(16),
         "linear": torch.nn.Linear(4, 4)})
-    patched = install(model)
-    assert patched[:2] == ["llama (LlamaRMSNorm)", "qwen3 (Qwen3RMSNorm)"]
-    rotary = patched[2:]
-    assert "transformers.models.llama.modeling_llama.apply_rotary_pos_emb" in rotary
-    assert "transformers.models.qwen3.modeling_qwen3.apply_rotary_pos_emb" in rotary
-    # a modeling file is patched only where its rotary is transformers' standard one, op for op
-    for name in rotary:
-        original = getattr(importlib.import_module(name.rsplit(".", 1)[0]), "apply_rotary_pos_emb")
-        assert same_code(original.batchscope_original, rot._rotary_eager)
-    assert not any("torch" in name.split(".")[0] for name in rotary)
+    assert install(model) == ["llama (LlamaRMSNorm)", "qwen3 (Qwen3RMSNorm)"]   # no attention: no rotary
     assert "forward" in model["llama"].__dict__ and "forward" not in model["gemma"].__dict__
-    assert modeling_qwen3.apply_rotary_pos_emb.batchscope_original is not None
-    assert install(model) == patched[2:]   # idempotent: norms already fused
+    assert install(model) == []   # idempotent: norms already fused
     uninstall(model)
     assert "forward" not in model["llama"].__dict__ and "forward" not in model["qwen3"].__dict__
-    assert not hasattr(modeling_llama.apply_rotary_pos_emb, "batchscope_original")
+
+
+def _rotary_routes(model) -> list[bool]:
+    """Per attention module of `model`: does its forward reach the fused rotary? (counted calls of the kernel)"""
+    calls = []
+    kernel = rot.apply_rotary
+    rot.apply_rotary = lambda *args: calls.append(1) or kernel(*args)
+    try:
+        routes = []
+        for layer in model.model.layers:
+            calls.clear()
+            x = torch.randn(1, 3, model.config.hidden_size)
+            cos_sin = model.model.rotary_emb(x, torch.arange(3)[None])
+            with torch.inference_mode():
+                layer.self_attn(x, position_embeddings=cos_sin, attention_mask=None)
+            routes.append(bool(calls))
+        return routes
+    finally:
+        rot.apply_rotary = kernel
+
+
+@interp
+def test_rotary_is_swapped_per_model_and_leaves_transformers_as_found():
+    """The fused rotary goes into the attention modules of the model it is installed on and nowhere else: the
+    modeling files' globals and classes stay as they were, another model of the same family (transformers' own, in
+    the bench's baseline) keeps transformers' rotary, and uninstalling gives the model its own back."""
+    found = {kind: (vars(mod).copy(), dict(vars(cls)))
+             for kind, mod, cls in [("llama", modeling_llama, modeling_llama.LlamaAttention),
+                                    ("qwen3", modeling_qwen3, modeling_qwen3.Qwen3Attention)]}
+    ours, theirs = _tiny("llama", torch.float32), _tiny("llama", torch.float32)
+    qwen = _tiny("qwen3", torch.float32)
+    skipped: list[str] = []
+    assert rot.install_rotary(ours, skipped) == ["transformers.models.llama.modeling_llama.apply_rotary_pos_emb"]
+    assert rot.install_rotary(qwen, skipped) == ["transformers.models.qwen3.modeling_qwen3.apply_rotary_pos_emb"]
+    # a version of transformers in our tested range whose code the kernel no longer finds fails here
+    assert skipped == []
+    assert rot.install_rotary(ours) == rot.install_rotary(ours)   # idempotent
+    assert _rotary_routes(ours) == [True, True] and _rotary_routes(qwen) == [True, True]
+    assert _rotary_routes(theirs) == [False, False]
+    for kind, mod, cls in [("llama", modeling_llama, modeling_llama.LlamaAttention),
+                           ("qwen3", modeling_qwen3, modeling_qwen3.Qwen3Attention)]:
+        module_globals, class_dict = found[kind]
+        assert all(vars(mod)[k] is v for k, v in module_globals.items()) and vars(mod).keys() == module_globals.keys()
+        assert dict(vars(cls)) == class_dict
+    rot.uninstall_rotary(ours)
+    rot.uninstall_rotary(qwen)
+    assert _rotary_routes(ours) == [False, False] and _rotary_routes(qwen) == [False, False]
+
+
+@interp
+def test_rotary_skips_other_rotaries_with_the_reason():
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    cfg = Phi3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+    model = Phi3ForCausalLM(cfg).eval()
+    skipped: list[str] = []
+    assert rot.install_rotary(model, skipped) == []
+    assert skipped == ["rotary not fused for Phi3Attention: transformers.models.phi3.modeling_phi3."
+                       "apply_rotary_pos_emb is not the rotary the kernel reproduces"]
+    assert "forward" not in model.model.layers[0].self_attn.__dict__
+
+
+_WITHOUT_KERNELS = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.modules["kernels"] = None          # transformers without HF's kernels package: plain module-level functions
+sys.path.insert(0, {tests!r})
+import torch
+from test_fused import _tiny, _rotary_routes
+from batchscope.engine.kernels import rotary as rot
+from transformers.models.llama import modeling_llama
+assert type(modeling_llama.apply_rotary_pos_emb).__name__ == "function"
+before = modeling_llama.apply_rotary_pos_emb
+model, theirs = _tiny("llama", torch.float32), _tiny("llama", torch.float32)
+ref = model(torch.tensor([[5, 17, 99, 3]])).logits
+skipped = []
+assert rot.install_rotary(model, skipped) == ["transformers.models.llama.modeling_llama.apply_rotary_pos_emb"], skipped
+assert _rotary_routes(model) == [True, True] and _rotary_routes(theirs) == [False, False]
+assert torch.equal(model(torch.tensor([[5, 17, 99, 3]])).logits, ref)
+assert modeling_llama.apply_rotary_pos_emb is before
+rot.uninstall_rotary(model)
+assert _rotary_routes(model) == [False, False]
+print("ok")
+"""
+
+
+@interp
+def test_rotary_swap_without_the_kernels_package():
+    """Without HF's `kernels` (the H200 image's transformers 5.17) the attention forward reads the module global;
+    the swap rebuilds the instance's forward (through transformers' decorators) instead of rewriting the global."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", _WITHOUT_KERNELS.format(tests=tests)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
 def _tiny(kind: str, dtype: torch.dtype, device: str = "cpu"):
@@ -433,3 +511,34 @@ def test_gpu_kernels_replay_in_a_cuda_graph_without_host_syncs():
 @gpu
 def test_gpu_tiny_model_greedy_output_unchanged(kind, dtype):
     _check_model_unchanged(kind, dtype, "cuda", 16)
+
+
+def _transformers_as_found():
+    """What the modeling files the engine reads hold: their module globals and the code of their classes
+    (transformers itself caches plain values on its classes, e.g. `_can_set_attn_implementation_cached_value`)."""
+    def code(cls):
+        return {k: v for k, v in vars(cls).items() if callable(v) or isinstance(v, (staticmethod, classmethod, property))}
+    mods = [modeling_llama, modeling_qwen3]
+    return [(dict(vars(m)), {n: code(c) for n, c in vars(m).items() if isinstance(c, type)}) for m in mods]
+
+
+def _same(a, b) -> bool:
+    return all(ga.keys() == gb.keys() and all(ga[k] is gb[k] for k in ga) and ca == cb
+               for (ga, ca), (gb, cb) in zip(a, b))
+
+
+def test_an_engine_leaves_transformers_modules_as_it_found_them():
+    """batchscope's kernels go into the engine's own model (per module); the modeling files and classes of
+    transformers are the same objects before, during and after an engine's life."""
+    from batchscope.engine import Engine, EngineConfig
+
+    before = _transformers_as_found()
+    eng = Engine(EngineConfig(model="tiny-random", device="cuda" if HAS_CUDA else "cpu", num_blocks=64))
+    try:
+        if HAS_CUDA:   # the fused rotary is in, without a skip, on the installed transformers
+            assert any(k.endswith("modeling_llama.apply_rotary_pos_emb") for k in eng.kernels), eng.kernels
+            assert eng.info["kernels_skipped"] == []
+        assert _same(before, _transformers_as_found())
+    finally:
+        eng.close()
+    assert _same(before, _transformers_as_found())

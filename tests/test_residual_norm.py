@@ -20,17 +20,11 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm  # noqa: E402
 
-from batchscope.engine.kernels import residual_norm, rms_norm as rms, rotary as rot  # noqa: E402
+from batchscope.engine.kernels import residual_norm, rms_norm as rms  # noqa: E402
 from test_fused import (INTERPRETED, install, uninstall, _interpreter_bf16_rounding, _tiny, _greedy, gpu, norm_module,  # noqa: E402,F401
                         ulp_distance)
 
 interp = pytest.mark.skipif(not INTERPRETED, reason="CPU interpreter tests run where there is no CUDA device")
-
-
-@pytest.fixture(autouse=True)
-def _restore_rotary():
-    yield
-    rot.uninstall_rotary()
 
 
 def fused_norm(n, dtype, device="cpu", seed=0):

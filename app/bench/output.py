@@ -33,6 +33,8 @@ def baseline_labels(tf: TransformersRunner, skipped: dict) -> list[str]:
     """The transformers variants this install and device can run; the others go into `skipped` with why."""
     if not tf.same_weights:
         say("warning: transformers' copy of the model has different weights from the engine's")
+    if tf.patches:
+        say(f"warning: transformers' model runs batchscope code in {len(tf.patches)} modules: not its own baseline")
     labels = []
     for label in TF_VARIANTS:
         reason = tf.skip_reason(label)
@@ -56,7 +58,9 @@ def report_head(args, info, config, tf) -> dict:
         "engine_info": info, "engine_config": dataclasses.asdict(config),
         "transformers_config": {"num_blocks": tf.num_blocks, "max_batch_tokens": tf.max_batch_tokens,
                                 "attn_implementation": "sdpa", "use_cuda_graph": tf.cuda,
-                                "same_weights": tf.same_weights} if tf else None,
+                                "same_weights": tf.same_weights,
+                                # transformers' own code: batchscope's kernels are swapped into the engine's model only
+                                "batchscope_patches": tf.patches} if tf else None,
     }
 
 

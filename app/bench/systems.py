@@ -145,8 +145,12 @@ class TransformersRunner:
 
         from batchscope.engine.model.loading import load_model
 
+        from batchscope.engine.model.speedups import batchscope_patches
+
         self.version = transformers.__version__
         self.model = load_model(config, "sdpa").model
+        # batchscope's kernels go into the engine's model only (per module): this one must run transformers' code
+        self.patches = batchscope_patches(self.model)
         # the same config and seed must give the very weights the engine runs, or the comparison is void
         theirs = dict(engine_model.named_parameters())
         self.same_weights = all(n in theirs and torch.equal(p, theirs[n]) for n, p in self.model.named_parameters())
@@ -265,7 +269,9 @@ class TransformersRunner:
                 "decode_ms_per_step": statistics.median(gaps) if gaps else None,
                 "decode_ms_basis": "median gap between a request's consecutive token timestamps",
                 "decode_window": (min(stamps), max(stamps)) if stamps else None,
-                "token_ids": [list(o.generated_tokens) for o in outs]}
+                "token_ids": [list(o.generated_tokens) for o in outs],
+                # modules of transformers' model running batchscope code: [] (its own code) is the only fair baseline
+                "batchscope_patches": self.patches}
 
     def close(self) -> None:
         self.model = None

@@ -1,15 +1,23 @@
-"""Rotary embedding on q and k in one Triton kernel, swapped into the transformers modeling files a model uses.
+"""Rotary embedding on q and k in one Triton kernel, swapped into the attention modules of one loaded model.
 
-In eager PyTorch rotary on q and k is ~10 kernels (slices, neg, cat, muls, adds). `install_rotary(model)` replaces
-the module-level `apply_rotary_pos_emb` of each modeling file the model uses by `apply_rotary`, where that
-function and its `rotate_half` are, op for op, `_rotary_eager` and `_rotate_half_eager` below (Llama, Qwen2/3,
-Mistral, Mixtral, Qwen3-MoE and their kin). Each product and the sum are rounded in the output dtype as the eager
-ops round them: the result matches bit for bit. Inputs not covered go to the original function. The patch is
-per modeling module, so it applies to every model of that family in the process.
+In eager PyTorch rotary on q and k is ~10 kernels (slices, neg, cat, muls, adds). `install_rotary(model)` makes
+each attention module of `model` call `apply_rotary` instead of its modeling file's `apply_rotary_pos_emb`, where
+that function and its `rotate_half` are, op for op, `_rotary_eager` and `_rotate_half_eager` below (Llama,
+Qwen2/3, Mistral, Mixtral, Qwen3-MoE and their kin). Each product and the sum are rounded in the output dtype as the
+eager ops round them: the result matches bit for bit. Inputs not covered go to the original function.
+
+The swap is per model, at one of two depths, whichever transformers offers:
+- with the `kernels` package installed (transformers 5.25 requires it), each attention class decorated
+  `use_kernelized_func(apply_rotary_pos_emb)` holds a private rotary object per instance; that object gets our
+  forward, as `kernels.kernelize` gives it a hub kernel's (nothing is downloaded: the kernel is ours);
+- otherwise the attention forward reads the module-level function: the instance gets the class's own forward code
+  with the fused rotary in its globals.
+No module global changes, so transformers' own models in the same process (the bench's baseline) keep theirs.
 """
 from __future__ import annotations
 
-import importlib
+import inspect
+import types
 
 import torch
 import triton
@@ -122,7 +130,11 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     return q_out, k_out
 
 
-def _make_rotary(original):
+_NAME = "apply_rotary_pos_emb"   # transformers' rotary, in every modeling file that has one
+
+
+def _fused(original):
+    """transformers' rotary through the kernel, falling back to `original` for inputs the kernel does not cover."""
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         res = apply_rotary(q, k, cos, sin, unsqueeze_dim)
         return res if res is not None else original(q, k, cos, sin, unsqueeze_dim)
@@ -131,30 +143,167 @@ def _make_rotary(original):
     return apply_rotary_pos_emb
 
 
-_PATCHED_MODULES: dict[str, object] = {}   # modeling module name -> its original apply_rotary_pos_emb
+def _fused_method(original):
+    """The same as a method, for the private rotary object transformers' `kernels` integration gives each attention
+    module (the hook `kernels.kernelize` itself uses: an instance `forward`)."""
+    fused = _fused(original)
+
+    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
+        return fused(q, k, cos, sin, unsqueeze_dim)
+    forward.batchscope_original = original
+    return forward
 
 
-def install_rotary(model: torch.nn.Module) -> list[str]:
-    """Patch the rotary of every transformers modeling module `model` uses, where it is the covered code;
-    returns the functions patched (already patched ones too). Idempotent."""
-    patched: list[str] = []
-    for mod_name in sorted({type(m).__module__ for m in model.modules()}):
-        if not mod_name.startswith("transformers.models."):
+def _plain_function(obj):
+    """The function behind transformers' rotary: the module global itself, or, where the `kernels` package turned it
+    into a module (`use_kernel_forward_from_hub`), the function that module wraps (see compat.py)."""
+    if inspect.isfunction(obj):
+        return obj
+    forward = getattr(type(obj), "forward", None)
+    if obj is None or not inspect.isfunction(forward):
+        return None
+    wrapped = inspect.getclosurevars(forward).nonlocals.get("func")
+    return wrapped if inspect.isfunction(wrapped) else None
+
+
+def _covered(fn) -> str | None:
+    """None where `fn` is the rotary the kernel reproduces (and calls the rotate_half it reproduces), else why not."""
+    if fn is None:
+        return "its apply_rotary_pos_emb is neither a function nor a kernels module around one"
+    if not same_code(fn, _rotary_eager):
+        return f"{fn.__module__}.apply_rotary_pos_emb is not the rotary the kernel reproduces"
+    if not same_code(fn.__globals__.get("rotate_half"), _rotate_half_eager):
+        return f"{fn.__module__}.rotate_half is not the one the kernel reproduces"
+    return None
+
+
+def _swap_private(module: torch.nn.Module) -> tuple[str | None, str | None]:
+    """transformers 5.x with `kernels` installed: an attention class decorated `use_kernelized_func(apply_rotary_pos_emb)`
+    gives each instance its own rotary object in `_kernel_funcs`, which its forward routes the global call to. Give
+    that object our forward. Returns (the modeling module patched, why not); (None, None) where there is no such hook."""
+    private = _private_rotary(module)
+    if private is None:
+        return None, None
+    fn = _plain_function(private)
+    why = _covered(fn)
+    if why:
+        return None, f"{type(module).__name__}: {why}"
+    current = private.__dict__.get("forward")
+    if current is None:
+        private.forward = types.MethodType(_fused_method(fn), private)
+    elif not _ours(current, "batchscope_original"):
+        return None, f"{type(module).__name__}: its rotary was already replaced (kernels.kernelize?)"
+    return fn.__module__, None
+
+
+def _private_rotary(module: torch.nn.Module):
+    """The attention module's own rotary object from the `kernels` integration (keyed by its hub layer name,
+    "rotary_pos_emb" today), or None."""
+    funcs = module.__dict__.get("_kernel_funcs")
+    for obj in funcs.values() if isinstance(funcs, dict) else ():
+        fn = _plain_function(obj)
+        if fn is not None and fn.__name__ == _NAME:
+            return obj
+    return None
+
+
+def _ours(method, mark: str) -> bool:
+    return hasattr(getattr(method, "__func__", None), mark)
+
+
+_FORWARDS: dict[type, types.FunctionType] = {}   # attention class -> its forward reading the fused rotary
+
+
+def _innermost(fn):
+    """The function under a stack of functools.wraps decorators (transformers wraps some forwards in
+    `deprecate_kwarg`)."""
+    while inspect.isfunction(getattr(fn, "__wrapped__", None)):
+        fn = fn.__wrapped__
+    return fn
+
+
+def _with_global(fn, name: str, value):
+    """A copy of `fn` whose code reads `value` for the global `name`; decorators made with functools.wraps are
+    rebuilt around the copy (the closure cell holding the wrapped function swapped). None where that cannot be."""
+    inner = getattr(fn, "__wrapped__", None)
+    if inner is None:
+        new = types.FunctionType(fn.__code__, {**fn.__globals__, name: value}, fn.__name__, fn.__defaults__,
+                                 fn.__closure__)
+    else:
+        new_inner = _with_global(inner, name, value) if inspect.isfunction(inner) else None
+        cells = fn.__closure__ or ()
+        holds = [_cell_holds(c, inner) for c in cells]
+        if new_inner is None or not any(holds):
+            return None
+        closure = tuple(types.CellType(new_inner) if h else c for c, h in zip(cells, holds))
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__dict__.update(fn.__dict__)
+    if inner is not None:
+        new.__wrapped__ = new_inner
+    return new
+
+
+def _cell_holds(cell, obj) -> bool:
+    try:
+        return cell.cell_contents is obj
+    except ValueError:          # an empty cell
+        return False
+
+
+def _swap_global(module: torch.nn.Module) -> tuple[str | None, str | None]:
+    """An attention forward that calls its modeling file's module-level rotary: give this instance a forward whose
+    globals name the fused rotary instead (the code and everything else it reads are the class's own), so that other
+    models of the family in the process, transformers' own among them, keep the original."""
+    forward = type(module).forward
+    code = getattr(_innermost(forward), "__code__", None)
+    if code is None or _NAME not in code.co_names:
+        return None, None
+    fn = _plain_function(_innermost(forward).__globals__.get(_NAME))
+    why = _covered(fn)
+    if why:
+        return None, f"{type(module).__name__}: {why}"
+    current = module.__dict__.get("forward")
+    if current is not None and not _ours(current, "batchscope_rotary"):
+        return None, f"{type(module).__name__}: its forward was already replaced"
+    if current is None:
+        own = _FORWARDS.get(type(module))
+        if own is None:
+            own = _with_global(forward, _NAME, _fused(fn))
+            if own is None:
+                return None, f"{type(module).__name__}: its forward is wrapped in a way batchscope cannot rebuild"
+            own.batchscope_rotary = True
+            _FORWARDS[type(module)] = own
+        module.forward = types.MethodType(own, module)
+    return fn.__module__, None
+
+
+def install_rotary(model: torch.nn.Module, skipped: list[str] | None = None) -> list[str]:
+    """Route the rotary of each attention module of `model` (only this model: no module global is rewritten)
+    through the kernel, where transformers' code is, op for op, the covered one. Returns the modeling modules
+    patched; appends to `skipped` why an attention module that applies a rotary was left alone. Idempotent."""
+    patched: set[str] = set()
+    reasons: set[str] = set()
+    for module in model.modules():
+        if not type(module).__module__.startswith("transformers.models."):
             continue
-        mod = importlib.import_module(mod_name)
-        fn = getattr(mod, "apply_rotary_pos_emb", None)
-        if mod_name not in _PATCHED_MODULES:
-            if not (same_code(fn, _rotary_eager)
-                    and same_code(getattr(mod, "rotate_half", None), _rotate_half_eager)):
-                continue
-            _PATCHED_MODULES[mod_name] = fn
-            mod.apply_rotary_pos_emb = _make_rotary(fn)
-        patched.append(f"{mod_name}.apply_rotary_pos_emb")
-    return patched
+        done, why = _swap_private(module)
+        if done is None and why is None:
+            done, why = _swap_global(module)
+        if done:
+            patched.add(f"{done}.{_NAME}")
+        if why:
+            reasons.add(f"rotary not fused for {why}")
+    if skipped is not None:
+        skipped.extend(sorted(reasons))
+    return sorted(patched)
 
 
-def uninstall_rotary() -> None:
-    """Give every patched modeling module its original rotary back."""
-    for mod_name, original in list(_PATCHED_MODULES.items()):
-        importlib.import_module(mod_name).apply_rotary_pos_emb = original
-        del _PATCHED_MODULES[mod_name]
+def uninstall_rotary(model: torch.nn.Module) -> None:
+    """Give every attention module of `model` transformers' own rotary back."""
+    for module in model.modules():
+        private = _private_rotary(module)
+        if private is not None and _ours(private.__dict__.get("forward"), "batchscope_original"):
+            del private.forward
+        if _ours(module.__dict__.get("forward"), "batchscope_rotary"):
+            del module.forward
