@@ -10,6 +10,7 @@ check runs the same matrix; the `gpu`-marked tests below run it on CUDA (graphs 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,7 +76,10 @@ FAMILIES: dict[str, tuple[str, dict]] = {
 # family -> (config class, arguments, the reason its refusal must give)
 REFUSED: dict[str, tuple[str, dict, str]] = {
     "falcon": ("FalconConfig", dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                    initializer_range=0.2), "no attention-backend support"),
+                                    initializer_range=0.2),
+               # transformers before 5.25 computes Falcon's attention itself; 5.25 moved it to the
+               # AttentionInterface, and its head (`lm_logits = self.lm_head(...)`) is then what batchscope refuses
+               "(no attention-backend support|an output head that batchscope does not reproduce)"),
     "mamba": ("MambaConfig", dict(vocab_size=VOCAB, hidden_size=64, state_size=8, num_hidden_layers=2),
               "recurrent or attention-free layers"),
     "jamba": ("JambaConfig", dict(_BASE, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
@@ -192,7 +196,8 @@ def test_unsupported_family_is_refused_at_load(checkpoints, family):
     with pytest.raises(ConfigError) as exc:
         Engine(EngineConfig(model=path, device="cpu", dtype="float32", num_blocks=16))
     msg = str(exc.value)
-    assert f"model type {family!r}" in msg and reason in msg and "Supported:" in msg, msg
+    assert f"model type {family!r} is not supported" in msg and re.search(reason, msg) and "Supported:" in msg, msg
+    assert msg.count("(") == msg.count(")") and ". Supported:" in msg and "its forward" not in msg, msg
     assert "llama" in msg.split("Supported:")[1]
 
 

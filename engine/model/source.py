@@ -79,18 +79,29 @@ def logits_epilogue(model) -> list:
     They are the model's own expressions, compiled: the result is what `model.forward` computes. `if` guards
     around them (`if self.config.final_logit_softcapping is not None`) are evaluated once, here.
     Raises UnsupportedHead when the forward does anything else between the decoder and the logits."""
+    return _read_head(type(model), {"self": model, "torch": torch})
+
+
+def check_head(cls) -> None:
+    """The same reading from the class alone, before any weight is loaded: raises UnsupportedHead where the form of
+    the forward is not one batchscope reproduces, whatever the guards come to."""
+    _read_head(cls, None)
+
+
+def _read_head(cls, env: dict | None) -> list:
+    """The logits steps of `cls.forward` (with `env` to evaluate its guards; None: check the form only)."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(type(model).forward)))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
     except (OSError, TypeError, SyntaxError) as exc:
-        raise UnsupportedHead(f"its forward's source cannot be read ({exc})") from None
+        raise UnsupportedHead(f"cannot be read as source ({exc})") from None
     fn = tree.body[0]
-    env = {"self": model, "torch": torch}
     steps: list = []
     head_seen = False
 
     def guard_holds(tests) -> bool:
         for test in tests:
             _check_expr(ast.Expression(test), {"self", "torch"})
+        for test in tests if env is not None else ():
             if not eval(compile(ast.Expression(test), "<guard>", "eval"), {"__builtins__": {}}, env):
                 return False
         return True
@@ -127,11 +138,11 @@ def logits_epilogue(model) -> list:
             if not head_seen:
                 raise UnsupportedHead(f"computes logits before its lm_head: {ast.unparse(st)}")
             _check_expr(ast.Expression(value), {"logits", "self", "torch"})
-            if guard_holds(guards):
-                code = compile(ast.Expression(value), f"<{type(model).__name__} logits>", "eval")
+            if guard_holds(guards) and env is not None:
+                code = compile(ast.Expression(value), f"<{cls.__name__} logits>", "eval")
                 steps.append(lambda logits, code=code: eval(code, {"__builtins__": {}}, {**env, "logits": logits}))
 
     visit(fn.body, [])
     if not head_seen:
-        raise UnsupportedHead("its forward never calls self.lm_head")
+        raise UnsupportedHead("has no `logits = self.lm_head(hidden_states)`, the form batchscope reproduces")
     return steps

@@ -26,7 +26,7 @@ from .attention import ProbeMetadata, use_metadata
 from .checkpoint import first_line
 from .experts import experts_configs
 from .kv_layout import KVLayout
-from .source import UnsupportedHead, logits_epilogue
+from .source import UnsupportedHead, check_head, logits_epilogue
 
 # Checked token-exact against transformers' generate in sync, async and across live switches (model matrix).
 VERIFIED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma", "gemma2",
@@ -106,6 +106,14 @@ def static_support(cfg) -> None:
         raise unsupported(model_type, "no attention-backend support",
                           f"{cls.__name__} computes attention itself instead of through transformers' "
                           f"AttentionInterface, so the paged KV cache would never be used")
+    try:
+        check_head(cls)
+    except UnsupportedHead as exc:
+        raise _head_refusal(model_type, cls, exc) from None
+
+
+def _head_refusal(model_type: str, cls, exc: UnsupportedHead) -> ConfigError:
+    return unsupported(model_type, "an output head that batchscope does not reproduce", f"{cls.__name__}.forward {exc}")
 
 
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
@@ -122,8 +130,7 @@ def check_support(model: torch.nn.Module) -> tuple[dict, KVLayout]:
     try:
         steps = logits_epilogue(model)
     except UnsupportedHead as exc:
-        raise unsupported(model_type, "an output head that batchscope does not reproduce",
-                          f"{type(model).__name__}.forward {exc}") from None
+        raise _head_refusal(model_type, type(model), exc) from None
     try:
         num_layers = int(cfg.num_hidden_layers)
         decoder = decoder_of(model)
