@@ -25,7 +25,10 @@ import types
 import torch
 import triton
 import triton.language as tl
-from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
+try:    # private to torch (engine/compat.py): where they are gone, no sum is fused, as if a global hook were set
+    from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
+except ImportError:     # pragma: no cover - a torch without them
+    _global_forward_hooks = _global_forward_pre_hooks = {None: None}
 
 from .common import device_of, usable
 from .dependent_launch import enter, launch_options
