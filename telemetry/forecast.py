@@ -138,6 +138,9 @@ def forecast_runs(sync_runs, async_runs) -> dict:
     if not any(_device_compute(r) for run in sync_runs for r in run):
         return _empty("compute runs on the host here (no device events): the host cannot build the next step "
                       "while it computes this one, so async has nothing to hide")
+    if not any(r["cpu"].get("schedule") for run in sync_runs for r in run if _device_compute(r)):
+        return _empty("the steps hold no host schedule phase (a trace of another engine's loop): the host's work "
+                      "per step is not known, so no forecast is built on it")
     out = _empty()
     measured, forecast = [], []
     for run in sync_runs:

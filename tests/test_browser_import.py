@@ -3,6 +3,7 @@ idle inside steps in the legend and the hover, and "load replay" takes a gzipped
 timeline, or says in one line why not (the page keeps what it showed)."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -77,6 +78,57 @@ def test_a_trace_on_the_page(browser, tmp_path):
         msg = page.text_content("#bs-msg")
         assert msg.startswith("replay rejected: cut.pt.trace.json.gz: truncated"), msg
         assert page.get_attribute("#bs-scope", "data-steps") == "10"
+        assert not errors, errors
+    finally:
+        ctx.close()
+        srv.stop()
+
+
+def test_an_imported_multi_rank_trace_leads_with_the_device_and_names_the_straggler(browser, tmp_path):
+    """Two ranks of one run, rank 1's host late before each all-reduce while rank 0 waits inside it: the page's
+    first numbers are the device's own (board and header), the rank table names rank 1 with the evidence, the
+    charts the trace cannot fill say so, and nothing advises a mode switch the replay cannot make."""
+    from test_import_headline import straggler_rank
+
+    files = [straggler_rank(tmp_path, 0, late=False, steps=12), straggler_rank(tmp_path, 1, late=True, steps=12)]
+    expected = import_trace(files)
+    summary = expected["summary"]
+    timeline = tmp_path / "two-ranks.timeline.json"
+    timeline.write_text(json.dumps(expected))
+    srv = ServerThread(create_app(AppState.from_replay_file(timeline))).start()
+    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(srv.url + "/")
+        page.wait_for_selector("#bs-ranks", timeout=T)
+        assert summary["busy_basis"] == "device_ops" and summary["busy_pct"] < summary["busy_pct_steps"]
+        board = page.locator("#bs-board")
+        assert float(board.get_attribute("data-device-busy")) == pytest.approx(summary["busy_pct"], abs=1e-3)
+        assert page.text_content("#bs-board-busy") == f"{summary['busy_pct']:.1f}%"
+        assert page.text_content("#bs-st-busy") == f"{summary['busy_pct']:.1f}%"
+        assert page.text_content("#bs-st-busy-label") == "busy (device ops)"
+        # the rank table: each rank's device busy, the straggler named with its evidence
+        rows = page.locator("#bs-ranks tbody tr")
+        assert rows.count() == 2
+        for i, rank in enumerate(summary["ranks"]):
+            assert float(rows.nth(i).get_attribute("data-busy")) == rank["busy_pct"]
+            assert f"{rank['busy_pct']:.1f}%" in rows.nth(i).text_content()
+        assert summary["ranks"][1]["busy_pct"] < summary["ranks"][0]["busy_pct"]
+        assert page.get_attribute("#bs-ranks", "data-straggler") == "1"
+        assert "rank 1 held the others back: rank 1's host launched late" in page.text_content("#bs-ranks")
+        # no advice the replay cannot act on, no figure the trace does not hold drawn as zero
+        text = page.text_content("body")
+        assert "switch to async" not in text and "(A)" not in page.text_content("#bs-board")
+        assert "–, not in the trace" in page.text_content("#bs-board")
+        assert "–, not in the trace" in page.text_content("#bs-replay-summary")
+        page.wait_for_function("document.getElementById('bs-c-kv').dataset.empty", timeout=T)
+        for chart in ("bs-c-tps", "bs-c-batch", "bs-c-kv", "bs-c-queue"):
+            assert page.get_attribute(f"#{chart}", "data-empty").startswith("Not in the trace:"), chart
+        assert "Busy %: device ops" in page.text_content("#bs-c-busy")
+        box = hover_compute(page, expected["steps"][5]["compute_us"][0] + 5)
+        assert "requests –, not in the trace" in box and "0 req" not in box, box
         assert not errors, errors
     finally:
         ctx.close()

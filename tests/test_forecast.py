@@ -199,3 +199,13 @@ def test_summary_carries_per_mode_figures_and_the_forecast():
     example = json.loads(EXAMPLE.read_text())
     assert example["summary"]["per_mode"]["sync"]["ms_per_step"] == sync["ms_per_step"]
     assert example["summary"]["async_forecast"]["forecast_ms_per_step"] == s["async_forecast"]["forecast_ms_per_step"]
+
+
+def test_steps_without_the_hosts_phases_get_no_forecast_built_on_guesses():
+    # another engine's trace: device compute, but no schedule phase to measure the host's work by
+    steps = sync_steps(10, compute_us=1_000, host_us=500)
+    assert forecast_async(steps)["applicable"]
+    for s in steps:
+        s["cpu"] = {}
+    f = forecast_async(steps)
+    assert not f["applicable"] and "host's work per step is not known" in f["reason"]

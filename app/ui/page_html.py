@@ -30,6 +30,11 @@ NO_GPU_HEAD = "No GPU here, so sync and async look alike."
 NO_GPU = ("The async effect needs a device that computes while the host works: on a CPU the same cores build each "
           "step and compute it, so async has nothing to hide.")
 KEYS = "keys: S sync · A async · P presentation"
+WHY_IMPORT = ("An imported profiler trace: busy % is what the device did, the union of its kernels, copies and "
+              "memsets over the steps' window. The steps' compute spans (between steps only) count the launch gaps "
+              "inside a step as busy, so that figure reads higher.")
+DEVICE_BUSY_TITLE = ("What the device did: the share of the steps' window in which it ran any op (the union of "
+                     "kernels, copies and memsets on all streams), read from the profiler trace.")
 BUSY_STAT_TITLE = ("busy %: the newest 2 s of completed steps; out tok/s: every output token of the newest 5 s (the "
                    "scoreboard's tok/s counts decode steps only). While requests run the step in flight is not counted "
                    "until it is done. The same records the scoreboard and the downloaded timeline hold.")
@@ -79,6 +84,22 @@ def recorded_nvml(timeline: dict) -> tuple[str, str]:
     return "not recorded", "no samples in the recording"
 
 
+def replay_busy(timeline: dict) -> tuple[str, str, str]:
+    """A recording's headline busy % for the header, as (label, value, title): an imported trace's is the device's
+    own (the union of its ops over the steps' window), with the steps' figure in the title; batchscope's own is
+    its CUDA events' (or, on a CPU, the host spans')."""
+    s = timeline.get("summary") or {}
+    v = s.get("busy_pct")
+    value = "–" if v is None else f"{v:.1f}%"
+    if s.get("busy_basis") == "device_ops":
+        steps = s.get("busy_pct_steps")
+        return "busy (device ops)", value, DEVICE_BUSY_TITLE + (
+            f" Between steps only (the steps' compute spans): {steps:.1f}%." if steps is not None else "")
+    if s.get("busy_basis") == "host":
+        return "busy (host)", value, "the share of the recording the forward's host spans cover (no device events)"
+    return "busy (events)", value, "the share of the recording the steps' compute spans cover (CUDA events)"
+
+
 def header_html(state) -> str:
     """The sticky header: mode (always visible) with its toggle, live counters, and the status line."""
     live = state.engine is not None
@@ -106,12 +127,18 @@ def header_html(state) -> str:
     cpu = ("server CPU", "bs-st-cpu") if not b["nvml"] else ("NVML", "bs-st-nvml")
     # busy and tok/s come from the server (telemetry/figures.py recent): the newest 2 s of completed steps
     busy_title = f' title="{e(BUSY_STAT_TITLE)}"'
+    replay_stats = ""
+    if not live:
+        label, value, title = replay_busy(getattr(state, "replay", None) or {})
+        replay_stats = (f'<span class="bs-stat" title="{e(title)}"><span id="bs-st-busy-label">{e(label)}</span> '
+                        f'<b id="bs-st-busy">{e(value)}</b></span>')
     stats = ("".join(f'<span class="bs-stat{cls}"{title}>{label} <b id="{i}">–</b></span>' for label, i, title, cls in (
         ("running", "bs-st-running", "", ""), ("queue", "bs-st-queue", "", " bs-minor"), ("KV", "bs-st-kv", "", " bs-minor"),
         ("busy (events)" if b["nvml"] else "busy (host)", "bs-st-busy", busy_title, ""),
         (*cpu, f' title="{e(CPU_STAT_TITLE)}"' if not b["nvml"] else "", " bs-minor"),
         ("out tok/s", "bs-st-tps", busy_title, ""), ("TTFT p50", "bs-st-ttft", "", " bs-minor")))
-        if live else '<span class="bs-stat">replay of a recorded timeline: no model loaded, live controls off</span>')
+        if live else replay_stats + '<span class="bs-stat">replay of a recorded timeline: no model loaded, live controls '
+        'off</span>')
     replay = getattr(state, "replay", None)
     if not live and replay:
         nvml_value, nvml_note = recorded_nvml(replay)
@@ -120,13 +147,15 @@ def header_html(state) -> str:
         nvml_note = b["nvml_reason"] if b["nvml_reason"] and not b["nvml"] else ""
     on_gpu = b["nvml"] or b["device"].startswith("cuda")      # a replay of a GPU run has no live NVML either
     why = (b["busy_note"] or WHY_GPU) if on_gpu else WHY_CPU
+    if not live and replay and (replay.get("summary") or {}).get("busy_basis") == "device_ops":
+        why = WHY_IMPORT
     reason = f' <span id="bs-nvml-note" class="bs-reason">({e(nvml_note)})</span>' if nvml_note else \
         '<span id="bs-nvml-note" class="bs-reason"></span>'
     return f"""
 <div class="bs-header">
   <div class="bs-brand">batchscope<span class="bs-sub">continuous batching, sync vs async</span></div>
   <div class="bs-modebox">{mode_box}</div>
-  <div class="bs-stats">{stats}<span id="bs-dropped" class="bs-dropped"></span></div>
+  <div class="bs-stats{"" if live else " bs-replay-stats"}">{stats}<span id="bs-dropped" class="bs-dropped"></span></div>
 </div>
 <div class="bs-statusline">
   <span>model <b id="bs-model">{e(b["model"])}</b></span>
@@ -252,11 +281,16 @@ def _util(res: BurstResults | None) -> tuple[str, Any]:
     return "host CPU % (mean)", tel.get("cpu_pct_mean")
 
 
+NOT_IN_TRACE = "–, not in the trace"
+# the side panel's figures made of a field an imported trace may not hold (meta.source.unknown)
+UNKNOWN_FROM = {"requests_finished": "request_ids", "tokens_per_s": "tokens_out", "batch_requests_mean": "num_requests",
+                "queue_depth_max": "queue_depth", "kv_usage_pct_max": "kv_blocks_used"}
 REPLAY_FIELDS = (("model", "meta", "model"), ("device", "meta", "device"), ("GPU", "meta", "gpu"),
                  ("dtype", "meta", "dtype"), ("recorded", "meta", "created"), ("duration s", "summary", "duration_s"),
                  ("steps", "summary", "steps"), ("modes", "summary", "modes"),
                  ("requests finished", "summary", "requests_finished"), ("tokens/s", "summary", "tokens_per_s"),
                  ("busy %", "summary", "busy_pct"), ("busy basis", "summary", "busy_basis"),
+                 ("busy between steps only %", "summary", "busy_pct_steps"),
                  ("GPU idle total µs", "summary", "idle_us_total"), ("decode ms/step p50", "summary", "decode_ms_p50"),
                  ("batch size mean", "summary", "batch_requests_mean"), ("queue depth max", "summary", "queue_depth_max"),
                  ("KV usage max %", "summary", "kv_usage_pct_max"), ("NVML util mean %", "summary", "gpu_util_mean"))
@@ -267,9 +301,15 @@ def replay_html(state) -> str:
     against each other by the scoreboard beside the charts (the server's board of the recording), once."""
     replay = getattr(state, "replay", None) or {}
     parts = {"meta": replay.get("meta") or {}, "summary": replay.get("summary") or {}}
+    source = parts["meta"].get("source") or {}
+    unknown = set(source.get("unknown") or ())
     rows = []
     for label, part, key in REPLAY_FIELDS:
         v = parts[part].get(key)
+        if key == "created" and source:           # an imported trace: when the trace began, not the import
+            label, v = "recorded (trace start)", source.get("trace_start") or NOT_IN_TRACE
+        if UNKNOWN_FROM.get(key) in unknown:
+            v = NOT_IN_TRACE
         if v is None or v == "":
             continue
         if isinstance(v, dict):

@@ -5,7 +5,7 @@
  * redraw scheduler can spread a picture over several turns of the event loop. The rates are re-binned to the
  * window: a fixed number of points across it, each the average over a window of at least four steps, so a
  * zoom narrower than a step still shows the local busy % and tokens/s instead of an empty chart. */
-import { dataExtent, samplesAround, shownBoard, state, stepRange, stepsAround, tensorParallel } from "./feed.js";
+import { dataExtent, notInTrace, samplesAround, shownBoard, state, stepRange, stepsAround, tensorParallel } from "./feed.js";
 import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, chartMargin, draw, fontPx, modeRuns, modeShapes, presentHeight,
   titled, warmupShapes } from "./plot.js";
 import { $ } from "./util.js";
@@ -36,6 +36,7 @@ export function chartContext(d, lo, hi) {
 export function drawChart(id, ctx) {
   const el = $(id);
   if (!el) return;
+  if (el.dataset.empty) delete el.dataset.empty;
   ({ "bs-c-busy": drawBusy, "bs-c-tps": drawThroughput, "bs-c-batch": drawBatch, "bs-c-kv": drawKv,
      "bs-c-queue": drawQueue, "bs-c-step": drawStepInterval })[id](el, ctx);
 }
@@ -67,15 +68,19 @@ function rates(d, lo, hi) {
     const edge = lastComputeEnd(d.steps, z);
     x1 = state.store.running === 0 ? Math.max(edge, state.store.lastT) : edge;
   }
-  const compute = cumulativeSpans(d.steps, a, z), tokens = cumulativeTokens(d.steps, a, z);
+  // an imported trace's steps carry the device's busy time (the union of its ops): that is what is drawn
+  const device = cumulativeDevice(d.steps, a, z);
+  const compute = device || cumulativeSpans(d.steps, a, z), tokens = cumulativeTokens(d.steps, a, z);
   let hostBasis = false;
   for (let i = a; i < z && !hostBasis; i++) hostBasis = d.steps[i]._hostCompute;
-  // tensor parallel: each other rank's busy %, from its own compute spans, the same way
+  // tensor parallel: each other rank's busy %, from its own records, the same way
   const ranks = tensorParallel(d).ranks.map(rk => {
     const list = (d.rankSteps && d.rankSteps[rk.rank]) || [];
-    return { rank: rk.rank, host: rk.host, compute: cumulativeSpans(list, ...stepRange(list, lo - win, hi + win, 2)), busy: [] };
+    const [ra, rz] = stepRange(list, lo - win, hi + win, 2);
+    return { rank: rk.rank, host: rk.host, compute: (device && cumulativeDevice(list, ra, rz)) || cumulativeSpans(list, ra, rz), busy: [] };
   });
-  const out = { x: [], busy: [], tok: [], pre: [], win, gpuSeen: compute.n > 0, hostBasis, ranks };
+  const out = { x: [], busy: [], tok: [], pre: [], win, gpuSeen: compute.n > 0, hostBasis, deviceBasis: !!device, ranks,
+                noTokens: notInTrace(d).has("tokens_out") };
   for (let i = 0; i < POINTS; i++) {
     const mid = lo + (i + 0.5) * binW;
     const l = Math.max(mid - win / 2, x0), r = Math.min(mid + win / 2, x1);
@@ -123,6 +128,34 @@ function cumulativeSpans(steps, a, z) {
   return { at, n };
 }
 
+// at(t): the device's busy time before t, from an imported trace's per-step shares (device_ops_before_us over
+// the gap before a step, device_ops_us over its own part of the span; the parts tile the steps' window), each
+// spread evenly over its part. null when a step with compute has no share (batchscope's own recordings).
+function cumulativeDevice(steps, a, z) {
+  const S = [], E = [], U = [];
+  let prevEnd = null;
+  for (let i = a; i < z; i++) {
+    const s = steps[i];
+    if (!s._cs) continue;
+    if (typeof s.device_ops_us !== "number") return null;
+    const [c0, c1] = s._cs;
+    if (prevEnd !== null && c0 > prevEnd && typeof s.device_ops_before_us === "number") {
+      S.push(prevEnd); E.push(c0); U.push(s.device_ops_before_us);
+    }
+    const from = prevEnd === null ? c0 : Math.max(c0, prevEnd), to = Math.max(c1, from);
+    if (to > from) { S.push(from); E.push(to); U.push(s.device_ops_us); }
+    prevEnd = prevEnd === null ? c1 : Math.max(prevEnd, c1);
+  }
+  if (!S.length) return null;
+  const n = S.length, P = new Float64Array(n + 1);
+  for (let k = 0; k < n; k++) P[k + 1] = P[k] + U[k];
+  const at = t => {
+    const k = after(S, n, t);
+    return k ? P[k - 1] + U[k - 1] * Math.min(1, (t - S[k - 1]) / (E[k - 1] - S[k - 1])) : 0;
+  };
+  return { at, n };
+}
+
 // at(t, k): generated (k = 0) or prefill (k = 1) tokens of the steps in steps[a..z) that ended before t.
 function cumulativeTokens(steps, a, z) {
   let order = steps.slice(a, z);
@@ -150,7 +183,7 @@ function drawBusy(el, ctx) {
   const { nv, nvKey, perGpu } = utilization(samples);
   const clock = smClock(samples);
   const nvName = nvKey === "gpu_util" ? "NVML util" : "host CPU % (no NVML)";
-  const busyName = r.hostBasis ? "compute busy % (host spans)" : "event busy %";
+  const busyName = r.hostBasis ? "compute busy % (host spans)" : r.deviceBasis ? "device busy % (ops)" : "event busy %";
   // (short names under tensor parallelism: the legend holds a line per rank and per GPU; the title says what
   // the busy % is measured with)
   const rankName = rank => "rank " + rank + " busy %";
@@ -184,7 +217,7 @@ function drawBusy(el, ctx) {
               ticksuffix: " MHz", tickfont: { size: fontPx(9), color: CLOCK_COLOR }, fixedrange: true },
     margin: chartMargin(Math.round(6.5 * fontPx(9))),   // room for "1980 MHz"
   } : {};
-  draw(el, traces, ctx.layout("Busy %: " + (r.hostBasis ? "compute spans (host)" : "CUDA events") +
+  draw(el, traces, ctx.layout("Busy %: " + (r.hostBasis ? "compute spans (host)" : r.deviceBasis ? "device ops (the trace)" : "CUDA events") +
                               (nvKey === "gpu_util" ? " vs NVML" : nvKey ? " vs host CPU" : "") +
                               (clock.x.length ? " · SM clock" : "") + ` · per ${duration(r.win)}`, Object.assign({
     yaxis: { range: [0, 105], gridcolor: GRID, ticksuffix: "%", tickfont: { size: fontPx(10) }, zeroline: false, fixedrange: true },
@@ -212,6 +245,7 @@ function smClock(samples) {
 // the decode rate, and on one axis it would flatten the line the two loops differ on.
 function drawThroughput(el, ctx) {
   const r = ctx.rates();
+  if (r.noTokens) return drawEmpty(el, ctx, "Throughput (tokens/s)", "Not in the trace:<br>it holds no token counts.");
   draw(el, [
     line("generated tok/s", { x: r.x, y: r.tok }, COLOR.async, { fill: "tozeroy", fillcolor: "rgba(37,99,235,0.10)", hovertemplate: "%{y:.0f}" }),
     line("prefill tok/s (right axis)", { x: r.x, y: r.pre }, COLOR.fill, { yaxis: "y2", hovertemplate: "%{y:.0f}" }),
@@ -256,6 +290,9 @@ function utilization(samples) {
 // Batch: decode tokens per step and the batch size on the left, prefill tokens per step on the right axis (a
 // chunk of hundreds of prompt tokens would flatten the decode rows on one axis).
 function drawBatch(el, ctx) {
+  const unknown = notInTrace(ctx.d);
+  if (unknown.has("num_requests") && unknown.has("decode_tokens"))
+    return drawEmpty(el, ctx, "Batch: tokens per step, prefill vs decode", "Not in the trace:<br>it holds no batch sizes or token counts.");
   const dec = perStep(ctx, s => s.decode_tokens || 0);
   const pf = perStep(ctx, s => s.prefill_tokens || 0);
   const bs = perStep(ctx, s => s.num_requests);
@@ -267,6 +304,7 @@ function drawBatch(el, ctx) {
 }
 
 function drawKv(el, ctx) {
+  if (notInTrace(ctx.d).has("kv_blocks_used")) return drawEmpty(el, ctx, "KV cache usage", "Not in the trace:<br>it holds no KV cache usage.");
   draw(el, [
     line("KV used %", perStep(ctx, s => s.kv_blocks_total ? 100 * s.kv_blocks_used / s.kv_blocks_total : null),
          "#7c3aed", { fill: "tozeroy", fillcolor: "rgba(124,58,237,0.12)", line: { color: "#7c3aed", width: 1.6, shape: "hv" } }),
@@ -275,6 +313,7 @@ function drawKv(el, ctx) {
 }
 
 function drawQueue(el, ctx) {
+  if (notInTrace(ctx.d).has("queue_depth")) return drawEmpty(el, ctx, "Queue depth", "Not in the trace:<br>it holds no queue depth.");
   draw(el, [
     line("queue", perStep(ctx, s => s.queue_depth), "#dc2626", { line: { color: "#dc2626", width: 1.6, shape: "hv" } }),
     // `running` is optional in batchscope.timeline/1: older files have only the batch size
@@ -335,6 +374,16 @@ function perStep(ctx, fn, agg) {
     if (cnt[i]) { x.push((lo + (i + 0.5) * w) / 1e6); y.push(agg === "max" ? mx[i] : sum[i] / cnt[i]); }
   }
   return { x, y };
+}
+
+// A chart whose figure the data does not hold (an imported trace): its title and one sentence saying so, in
+// place of a line at zero that would read as a measurement.
+function drawEmpty(el, ctx, title, sentence) {
+  el.dataset.empty = sentence.replace("<br>", " ");
+  draw(el, [], ctx.layout(title, {
+    yaxis: { visible: false, fixedrange: true },
+    annotations: [{ text: sentence, xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false,
+                    font: { size: fontPx(13), color: "#475569" } }] }));
 }
 
 function line(name, xy, color, extra) {

@@ -7,7 +7,7 @@
  * switch markers and zoom, while the canvas paints any number of spans in a few milliseconds. The ink is
  * each span's share of every pixel column (ink.js), so a lane's ink matches its share of time at every zoom.
  * Hover is ours too (gantt_hover.js): a Plotly marker per step cost more than the rest of the picture. */
-import { allreduceEstimate, findStep, shownBoard, state, stepRows, stepsIn, tensorParallel } from "./feed.js";
+import { allreduceEstimate, currentData, findStep, shownBoard, state, stepRows, stepsIn, tensorParallel } from "./feed.js";
 import { bindHover } from "./gantt_hover.js";
 import { addSpan, coverage, paintInk, rgb } from "./ink.js";
 import { causeHint, causeLabel } from "./names.js";
@@ -332,7 +332,12 @@ function setRankLegend(tp, steps) {
   if (!on) return;
   const last = steps[steps.length - 1];
   const est = allreduceEstimate(tp, last ? stepRows(last) : 1);
-  const text = `tensor parallel ×${tp.size}: ` + (est
+  const ranks = (currentData().summary || {}).ranks;
+  const traced = Array.isArray(ranks) && ranks.some(r => typeof r.collective_us === "number") ? ranks : null;
+  const text = `tensor parallel ×${tp.size}: ` + (traced
+    ? "collectives in the trace " + traced.map(r => `rank ${r.rank} ${fmtUs(r.collective_us)}`).join(", ") +
+      " (the rank table under the scoreboard)"
+    : est
     ? `all-reduce ≈ ${(est.us / 1000).toFixed(3)} ms a step (${est.count} × ${fmtUs(est.one)} at ${est.rows} rows, ` +
       `measured at start-up; the dark end of a compute bar when zoomed in)`
     : "no all-reduce measurement from the engine");

@@ -2,7 +2,7 @@
  * Found by binary search in the steps drawn last, so it costs nothing at redraw time, whatever the number of
  * steps (one Plotly marker per step made every redraw of a busy window slow). Over another tensor-parallel
  * rank's lanes it is that rank's part of the step; at every rank the box estimates the step's all-reduce time. */
-import { allreduceEstimate, findStep, span, stepRows } from "./feed.js";
+import { allreduceEstimate, currentData, findStep, NOT_IN_TRACE, notInTrace, span, stepRows } from "./feed.js";
 import { causeLabel } from "./names.js";
 import { GPU, HOST } from "./plot.js";
 import { focusLine } from "./tail.js";
@@ -73,10 +73,21 @@ function nearest(steps, t) {
   return t - l._c <= r._c - t ? l : r;
 }
 
-// At TP > 1: the step's estimated all-reduce time, from the measurement made at start-up.
-function allreduceLine(step) {
+// The step's counts, or what the trace does not hold (an imported trace has no request or token counts).
+function countsText(s, unknown) {
+  const req = unknown.has("num_requests") ? "requests " + NOT_IN_TRACE : `${s.num_requests} req`;
+  const tok = unknown.has("prefill_tokens") || unknown.has("decode_tokens") ? "tokens " + NOT_IN_TRACE
+    : `${s.prefill_tokens} prefill + ${s.decode_tokens} decode tok`;
+  return `${req} · ${tok}`;
+}
+
+// At TP > 1: the step's collective time as the trace measured it (imported), else its estimated all-reduce
+// time from the measurement the engine made at start-up.
+function allreduceLine(step, rec) {
   const tp = view.tp;
   if (!tp || tp.size < 2 || !step) return "";
+  const measured = (rec || step).collective_us;
+  if (typeof measured === "number") return `<br>collectives (in the trace): ${(measured / 1000).toFixed(3)} ms`;
   const est = allreduceEstimate(tp, stepRows(step));
   if (!est) return "<br>all-reduce: not measured by this engine";
   const one = est.one >= 1000 ? (est.one / 1000).toFixed(3) + " ms" : est.one.toFixed(1) + " µs";
@@ -93,10 +104,9 @@ function describeRank(r, s0, rank) {
     : GPU.map(k => { const v = span(r, "gpu", k); return v ? `${k} ${ms(v)}` : ""; }).filter(Boolean).join(", ");
   const lag = s0 && s0._cs && r._cs ? ((r._cs[0] - s0._cs[0]) / 1000).toFixed(3) : null;
   const head = `<b style="color:#fff">rank ${r.rank}${rank && rank.device ? " · " + esc(rank.device) : ""} · step ${r.step}</b>` +
-    (r.mode ? " · " + esc(r.mode) : "") +
-    (s0 ? ` · ${s0.num_requests} req · ${s0.prefill_tokens} prefill + ${s0.decode_tokens} decode tok` : "");
+    (r.mode ? " · " + esc(r.mode) : "") + (s0 ? " · " + countsText(s0, notInTrace(currentData())) : "");
   return head + (dev ? `<br>device ms: ${dev}` : "") +
-    (lag !== null ? `<br>compute starts ${lag >= 0 ? "+" : ""}${lag} ms from rank 0's` : "") + allreduceLine(s0);
+    (lag !== null ? `<br>compute starts ${lag >= 0 ? "+" : ""}${lag} ms from rank 0's` : "") + allreduceLine(s0, r);
 }
 
 function describe(s) {
@@ -112,8 +122,10 @@ function describe(s) {
     ? `<br>GPU idle inside the step: ${(s.gpu_idle_inside_us / 1000).toFixed(3)} ms (` +
       Object.entries(s.idle_inside_by_cause_us || {}).sort((a, b) => b[1] - a[1]).slice(0, 3)
         .map(([c, us]) => `${esc(causeLabel(c))} ${(us / 1000).toFixed(3)}`).join(", ") + ")" : "";
+  const host = list("cpu", HOST);
+  const unknown = notInTrace(currentData());
   // (the page styles <b> dark for its light panels: this box is dark)
-  return `<b style="color:#fff">step ${s.step}</b> · ${esc(s.mode)} · slot ${s.slot} · ${s.num_requests} req · ` +
-    `${s.prefill_tokens} prefill + ${s.decode_tokens} decode tok<br>host ms: ${list("cpu", HOST)}` +
+  return `<b style="color:#fff">step ${s.step}</b> · ${esc(s.mode)}${unknown.size ? "" : " · slot " + s.slot} · ` +
+    `${countsText(s, unknown)}<br>host ms: ${host || (unknown.size ? "host phases " + NOT_IN_TRACE : "none")}` +
     (dev ? `<br>device ms: ${dev}` : "") + idle + inside + allreduceLine(s);
 }

@@ -10,6 +10,11 @@ const CONN_TEXT = { live: "live", connecting: "connecting…", reconnecting: "re
                     replay: "replay" };
 const seen = { conn: null, status: null, view: "" };   // the live side, kept while a replay is shown
 
+// the same words as app/ui/page_html.py WHY_IMPORT
+const WHY_IMPORT = "An imported profiler trace: busy % is what the device did, the union of its kernels, copies and " +
+  "memsets over the steps' window. The steps' compute spans (between steps only) count the launch gaps inside a " +
+  "step as busy, so that figure reads higher.";
+
 const viewingReplay = () => state.view.source === "replay";
 
 export function setConn(conn) {
@@ -111,9 +116,11 @@ export function showView() {
     const gpuSamples = replay.nvml.filter(x => x.gpu_util !== null && x.gpu_util !== undefined).length;
     setText("bs-nvml", gpuSamples ? "recorded" : "not recorded");
     const onGpu = gpuSamples > 0 || String(m.device || "").startsWith("cuda");
-    showWhy(onGpu ? ((m.status && m.status.busy_note) || "gpu") : "cpu");
+    showWhy((replay.summary || {}).busy_basis === "device_ops" ? WHY_IMPORT
+      : onGpu ? ((m.status && m.status.busy_note) || "gpu") : "cpu");
     setText("bs-nvml-note", gpuSamples ? "(" + gpuSamples + " samples in the recording)"
       : replay.nvml.length ? "(host CPU % samples only)" : "(no samples in the recording)");
+    if (!state.live) showReplayBusy(replay.summary || {});
     setConn("replay");
   } else if (state.live) {
     showWhy(null);
@@ -125,6 +132,15 @@ export function showView() {
     }
     setConn(seen.conn || (socket.open ? "live" : "connecting"));
   }
+}
+
+// A replay-only server's header shows the recording's headline busy (app/ui/page_html.py replay_busy): an
+// imported trace's is the device's own, batchscope's own its CUDA events'. (A live server's header keeps the
+// engine's counters while a replay is shown, labelled "live engine".)
+function showReplayBusy(sm) {
+  const basis = sm.busy_basis;
+  setText("bs-st-busy-label", basis === "device_ops" ? "busy (device ops)" : basis === "host" ? "busy (host)" : "busy (events)");
+  setText("bs-st-busy", sm.busy_pct === null || sm.busy_pct === undefined ? "–" : fmt(sm.busy_pct, 1) + "%");
 }
 
 // The explainer under the header: why NVML and event busy % differ on a GPU, or what a CPU run lacks. `which`

@@ -4,7 +4,8 @@
  *
  * The verdict is the board's: ratios only from matched decode steps, with their 90% interval and n, "within
  * noise" when the interval holds 1, nothing before enough steps. Large type: it is what a room reads. */
-import { shownBoard, state } from "./feed.js";
+import { currentData, NOT_IN_TRACE, notInTrace, shownBoard, state } from "./feed.js";
+import { rankTableHtml } from "./ranks.js";
 import { causeLabel } from "./names.js";
 import { $, esc } from "./util.js";
 
@@ -18,6 +19,14 @@ const ROWS = [
   { key: "busy_pct", label: "GPU busy", hint: "share of the working time the device computed (CUDA events on a GPU, the forward's host span on a CPU); pauses with no request left out", fmt: v => (v === null || v === undefined ? "–" : fmtNum(v, 1) + unit("%")) },
   { key: "idle_us_per_step", label: "idle / step", hint: "GPU idle gap before each step, on average (empty-queue time left out)", fmt: v => (v === null || v === undefined ? "–" : v >= 1000 ? fmtNum(v / 1000, 2) + unit("ms") : fmtNum(v, 0) + unit("µs")) },
 ];
+
+const DEVICE_BASIS = "device_ops";
+const DEVICE_HINT = "share of the time the device ran any op (the union of kernels, copies and memsets on all streams), " +
+  "from the profiler trace: what the device did";
+const STEPS_HINT = "share of the time the steps' compute spans cover (first to last op of each step): launch gaps " +
+  "inside a step count as busy there, so it reads higher than the device's own figure";
+// the board's figures made of a field an imported trace may not hold
+const UNKNOWN_FROM = { decode_tokens_per_s: "tokens_out" };
 
 const interval = ci => (ci ? `${ci[0].toFixed(2)}–${ci[1].toFixed(2)}` : "");
 
@@ -71,7 +80,7 @@ function topCause(f) {
   return best ? causeLabel(best[0]) : "";
 }
 
-function forecastHtml(b) {
+function forecastHtml(b, live) {
   const f = b.forecast || {};
   const why = [["sync", b.modes.sync], ["async", b.modes.async]].filter(([, fig]) => fig && fig.steps && topCause(fig))
     .map(([m, fig]) => `${m} idles most on <b>${esc(topCause(fig))}</b>`).join(" · ");
@@ -84,7 +93,8 @@ function forecastHtml(b) {
   const measured = ma && ma.p50 !== null
     ? `<span class="bs-fc-measured">measured async <b id="bs-fc-async">${fmtNum(ma.p50, 2)}</b> ms/step ` +
       `<span class="bs-fc-err">(forecast ${f.forecast_error_pct >= 0 ? "+" : "−"}${Math.abs(f.forecast_error_pct).toFixed(1)}%)</span></span>`
-    : `<span class="bs-fc-measured">switch to async (A) to check it</span>`;
+    : live ? `<span class="bs-fc-measured">switch to async (A) to check it</span>`
+      : `<span class="bs-fc-measured">no async stretch in the recording to check it against</span>`;
   const bounds = f.stretches.reduce((acc, s) => { for (const k in s.bound_steps) acc[k] = (acc[k] || 0) + s.bound_steps[k]; return acc; }, {});
   const bound = (bounds.host || 0) > (bounds.gpu || 0) + (bounds.chain || 0) ? "host-bound: async hides the GPU time, the host's stays"
     : "GPU-bound: async would hide the host's work";
@@ -111,9 +121,17 @@ function boardHtml(b, live) {
   const head = m => `<th class="bs-bm ${m}${now(m)}" scope="col">${m}${nowTag(m)}</th>`;
   const s = b.modes.sync || {}, a = b.modes.async || {};
   const hostBasis = s.busy_basis === "host" || a.busy_basis === "host";
-  const label = r => (r.key === "busy_pct" && hostBasis ? "busy (host)" : r.label);
-  const rows = ROWS.map(r => `<tr data-key="${r.key}"><th scope="row" title="${esc(r.hint)}">${label(r)}</th>` +
-      `<td class="sync">${r.fmt(s[r.key])}</td><td class="async">${r.fmt(a[r.key])}</td>` +
+  const deviceBasis = s.busy_basis === DEVICE_BASIS || a.busy_basis === DEVICE_BASIS;
+  const label = r => (r.key === "busy_pct" && hostBasis ? "busy (host)" : r.key === "busy_pct" && deviceBasis
+    ? "device busy" : r.label);
+  const hint = r => (r.key === "busy_pct" && deviceBasis ? DEVICE_HINT : r.hint);
+  const unknown = notInTrace(currentData());
+  const cell = (r, f) => (f.steps && f[r.key] === null && UNKNOWN_FROM[r.key] && unknown.has(UNKNOWN_FROM[r.key])
+    ? `<span class="bs-unknown">${NOT_IN_TRACE}</span>`
+    : r.fmt(f[r.key]) + (r.key === "busy_pct" && f.busy_pct_steps !== undefined && f.busy_pct_steps !== null
+      ? `<small class="bs-busy-steps" title="${esc(STEPS_HINT)}">steps ${fmtNum(f.busy_pct_steps, 1)}%</small>` : ""));
+  const rows = ROWS.map(r => `<tr data-key="${r.key}"><th scope="row" title="${esc(hint(r))}">${label(r)}</th>` +
+      `<td class="sync">${cell(r, s)}</td><td class="async">${cell(r, a)}</td>` +
       `<td class="bs-ratio">${ratioHtml(r.key, b)}</td></tr>`).join("");
   const warm = b.warmup_steps_per_stretch ? `, the first ${b.warmup_steps_per_stretch} steps of each stretch left out (warm-up)` : "";
   const scope = live ? `each mode's newest ${b.window_s} s${warm}` : `whole recording, per mode${warm}`;
@@ -122,12 +140,24 @@ function boardHtml(b, live) {
     `<table class="bs-board-table"><thead><tr><th></th>${head("sync")}${head("async")}<th class="bs-ratio-h" scope="col">async vs sync</th></tr></thead>` +
     `<tbody>${rows}</tbody><tfoot><tr><th></th><td>${spanText(s)}</td><td>${spanText(a)}</td><td></td></tr></tfoot></table>`;
   const strip = `<table class="bs-board-strip"><thead><tr><th scope="col" title="${scope}"><span class="bs-board-title">sync vs async</span>` +
-    `<small>${live ? "newest " + b.window_s + " s" : "whole recording"}</small></th>` + ROWS.map(r => `<th scope="col" title="${esc(r.hint)}">${label(r)}</th>`).join("") + `</tr></thead><tbody>` +
+    `<small>${live ? "newest " + b.window_s + " s" : "whole recording"}</small></th>` + ROWS.map(r => `<th scope="col" title="${esc(hint(r))}">${label(r)}</th>`).join("") + `</tr></thead><tbody>` +
     ["sync", "async"].map(m => `<tr class="${m}"><th scope="row" class="bs-bm ${m}${now(m)}">${m}${nowTag(m)}<small>${spanText(b.modes[m])}</small></th>` +
-      ROWS.map(r => `<td>${r.fmt((b.modes[m] || {})[r.key])}</td>`).join("") + `</tr>`).join("") +
+      ROWS.map(r => `<td>${cell(r, b.modes[m] || {})}</td>`).join("") + `</tr>`).join("") +
     `<tr class="bs-ratio-row"><th scope="row">async vs sync</th>` + ROWS.map(r => `<td class="bs-ratio">${ratioHtml(r.key, b)}</td>`).join("") +
     `</tr></tbody></table>`;
-  return table + strip + verdictHtml(b.compare) + forecastHtml(b);
+  return headlineHtml(live) + table + strip + verdictHtml(b.compare) + forecastHtml(b, live) + rankTableHtml(currentData());
+}
+
+// An imported trace's headline: what the device did over the steps' window (the union of its ops), the steps'
+// own figure beside it under its own name. batchscope's own recordings lead with the board's modes.
+function headlineHtml(live) {
+  const d = currentData(), sm = (d && d.summary) || {};
+  if (live || sm.busy_basis !== DEVICE_BASIS) return "";
+  const steps = sm.busy_pct_steps !== null && sm.busy_pct_steps !== undefined
+    ? ` <small title="${esc(STEPS_HINT)}">· between steps only (the steps' compute spans): ${fmtNum(sm.busy_pct_steps, 1)}%</small>` : "";
+  return `<div class="bs-board-device" id="bs-board-device" data-busy="${fmtNum(sm.busy_pct, 2)}" title="${esc(DEVICE_HINT)}">` +
+    `device busy <b id="bs-board-busy">${fmtNum(sm.busy_pct, 1)}${unit("%")}</b> <small>of the steps' window, ` +
+    `the union of its kernels, copies and memsets</small>${steps}</div>`;
 }
 
 // What tests and curious readers can check without parsing the text.
@@ -150,6 +180,8 @@ function expose(el, b, live) {
   put("forecastAsyncMs", f.applicable && f.measured_async_ms_per_step ? f.measured_async_ms_per_step.p50 : null);
   put("forecastError", f.applicable ? f.forecast_error_pct : null);
   el.dataset.scope = live ? "live" : "replay";
+  const sm = (currentData() || {}).summary || {};
+  put("deviceBusy", !live && sm.busy_basis === DEVICE_BASIS ? sm.busy_pct : null);
 }
 
 let last = { key: "" };

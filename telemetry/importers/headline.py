@@ -115,16 +115,20 @@ def straggler(rows: list[dict]) -> dict:
     waited = min(r["collective_us"] for r in others)
     mine = late["collective_us"]
     if waited - mine < STRAGGLER_MIN_US or waited < STRAGGLER_RATIO * max(mine, 1.0):
-        return {"rank": None, "reason": f"no rank held the others back: the ranks' collective time runs "
-                                        f"{_ms(min(r['collective_us'] for r in rows))}-"
-                                        f"{_ms(max(r['collective_us'] for r in rows))}"}
-    late_others = [r["host_late_us"] for r in others]
+        return {"rank": None, "reason": f"no rank held the others back: the ranks' collective time is "
+                                        f"{_span([r['collective_us'] for r in rows])}, their host lateness "
+                                        f"{_span([r['host_late_us'] for r in rows])}"}
+    who = "the other" if len(others) == 1 else "the others"
     return {"rank": late["rank"], "host_late_us": late["host_late_us"], "collective_us": mine,
             "others_collective_us": [r["collective_us"] for r in others],
-            "evidence": f"rank {late['rank']}'s host launched late for {_ms(late['host_late_us'])} (the others "
-                        f"{_ms(min(late_others))}-{_ms(max(late_others))}) and it spent {_ms(mine)} in collectives "
-                        f"while the others waited {_ms(waited)}-{_ms(max(r['collective_us'] for r in others))} "
-                        f"in them for it"}
+            "evidence": f"rank {late['rank']}'s host launched late for {_ms(late['host_late_us'])} ({who} "
+                        f"{_span([r['host_late_us'] for r in others])}) and it spent {_ms(mine)} in collectives "
+                        f"while {who} waited {_span([r['collective_us'] for r in others])} in them for it"}
+
+
+def _span(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return _ms(lo) if _ms(lo) == _ms(hi) else f"{_ms(lo)}-{_ms(hi)}"
 
 
 def _ms(us: float) -> str:
