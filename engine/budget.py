@@ -8,8 +8,10 @@ max_batch_tokens None) is chosen per step from what the engine measured of its o
     user's ITL target (`itl_target_ms`) or DECODE_FACTOR x the current decode step, so a step that carries a
     chunk delays each decode by at most that much. With the derived target (no itl_target_ms) and more prefill
     waiting than the decoding requests have left to decode (both in predicted device time), the target rises to
-    the largest step: the decodes are nearly done, the prompts behind them are most of the latency left, and small
-    chunks would prefill them ~1.7x slower (an 8B model: 256 tokens in 11 ms, 8192 in 213 ms).
+    the largest step: the steps the decodes still need cannot carry that prefill, the prompts behind them are
+    most of the latency left, and small chunks would prefill them ~1.7x slower (an 8B model on an H200: 256
+    tokens in 11 ms, 8192 in 213 ms). When the decodes have more left, small chunks cost little: each step's
+    weight read serves decodes that had to run anyway.
 
 The step-time model maps tokens to device ms: per token-count bucket (powers of two) an average of the recent
 steps in it, a line fitted through those averages (each bucket counts once, so the many decode steps do not
@@ -178,9 +180,10 @@ class StepBudget:
             return Budget(min(cap, max(COLD_TOKENS, decoding + MIN_CHUNK)), "decode_target")
         per_token = fit[1]
         target = self.itl_target_ms or DECODE_FACTOR * decode_ms
-        largest = decode_ms + per_token * (cap - decoding)
+        largest = decode_ms + per_token * max(0, self.max_tokens - decoding)
         if self.itl_target_ms is None and prefill_waiting * per_token > decode_left * decode_ms and largest > target:
-            return Budget(cap, "decode_target", largest)        # prefill first: the largest step
+            # prefill first, eagerly past the graphs: such a step is compute-bound, its launch hides behind it
+            return Budget(max(self.max_tokens, decoding), "decode_target", largest)
         chunk = int((target - decode_ms) / per_token + 1e-9)
         return Budget(max(decoding + MIN_CHUNK, min(cap, decoding + chunk)), "decode_target", target)
 
