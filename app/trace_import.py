@@ -107,7 +107,8 @@ def summary_lines(timeline: dict, out: Path) -> list[str]:
              f"{sum(f.get('events', 0) for f in files):,} events"
              + (f", {len(ranks)} ranks" if len(ranks) > 1 else "") + f", on {meta.get('gpu') or meta.get('device')}",
              f"  steps: {len(steps)}" + (f" ({steps[0]['step']}-{steps[-1]['step']}, {modes})" if steps else "")
-             + f" over {_seconds(summary.get('duration_s') or 0)}; from {source.get('steps_from', '?')}"]
+             + _without_device(len(steps), summary.get("steps") or 0)
+             + f" over {_seconds(summary.get('duration_s') or 0)}; " + _steps_from(source.get("steps_from", "?"))]
     lines.append(_busy(summary))
     lines += _rank_lines(summary)
     lines.append(_causes("idle between steps", summary.get("idle_us_total"), summary.get("idle_us_by_cause")))
@@ -123,6 +124,15 @@ def summary_lines(timeline: dict, out: Path) -> list[str]:
         lines.append(f"  not in the trace: {', '.join(source['unknown'])}")
     lines += [f"  note: {n}" for n in source.get("notes", [])]
     return lines
+
+
+def _without_device(steps: int, counted: int) -> str:
+    """Steps with no device work tied to them are in the timeline but in none of its figures: say how many."""
+    return f", {steps - counted} without device work (in no figure)" if counted < steps else ""
+
+
+def _steps_from(how: str) -> str:
+    return how if how.startswith(("inferred", "no step")) else f"from {how}"
 
 
 def _busy(summary: dict) -> str:

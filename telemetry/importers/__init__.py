@@ -36,6 +36,7 @@ def import_trace(paths, *, kernels: bool = False, progress=None, partial: bool =
     partial:  import the part of a truncated file that was written, noting the cut, instead of refusing it.
     workers:  processes that parse a large file's events (default one per core; 1: this process only)."""
     paths = [str(paths)] if isinstance(paths, (str, Path)) else [str(p) for p in paths]
+    paths = [f for p in paths for f in (_folder_traces(p) if os.path.isdir(p) else [p])]
     if not paths:
         raise TraceImportError("no trace files given")
     for p in paths:
@@ -53,3 +54,16 @@ def import_trace(paths, *, kernels: bool = False, progress=None, partial: bool =
     analyses = [analyse(t, keep_stretches=kernels) for t in tables]
     timeline = build(analyses, order_ranks(tables), keep_kernels=kernels)
     return validate_timeline(timeline, paths[0])
+
+
+TRACE_ENDINGS = (".json", ".json.gz", ".sqlite")
+
+
+def _folder_traces(folder: str) -> list[str]:
+    """A folder stands for the trace files in it (one run's ranks, as profilers write them), in name order."""
+    found = sorted(os.path.join(folder, n) for n in os.listdir(folder)
+                   if n.endswith(TRACE_ENDINGS) and not n.endswith(".timeline.json")
+                   and os.path.isfile(os.path.join(folder, n)))
+    if not found:
+        raise TraceImportError(f"{folder}: a folder with no trace file in it (*.json, *.json.gz, *.sqlite)")
+    return found

@@ -23,6 +23,8 @@ from .plans import StepPlan, from_markers, transformers_phases
 from .spans import StepSpans, assign_ops, step_spans
 from .tables import TraceTables
 
+CUT_NOTE = "the file ends early"          # kineto_json.py / parallel_read.py: a partial import's note
+
 
 @dataclass
 class Lane:
@@ -57,6 +59,12 @@ def analyse(t: TraceTables, keep_stretches: bool = False) -> FileAnalysis:
     if capture_annotations(t):
         notes.append("CUDA-graph capture annotations found: kernels recorded while a graph is captured never ran, "
                      "so this trace's idle time says nothing about serving")
+    cut = any(n.startswith(CUT_NOTE) for n in t.notes)
+    if not len(devices) and cut and len(t.rt.start):
+        raise NoDeviceActivityError(f"{t.path}: the file was cut before its device events (a profiler writes them "
+                                    f"after the host's): the part written holds {len(t.rt.start):,} launches and "
+                                    f"runtime calls but no kernel, copy or memset, so there is no device time to "
+                                    f"name")
     if not len(devices):
         if kind not in ("batchscope", "transformers"):
             raise NoDeviceActivityError(f"{t.path}: no device activity: the trace has no kernel, copy or memset "
@@ -83,6 +91,9 @@ def analyse(t: TraceTables, keep_stretches: bool = False) -> FileAnalysis:
     else:
         plans, steps_from = infer_steps(t, busy_by_device[main])
         inferred.append("steps")
+    if cut and len(plans) > 1:             # the cut may have taken part of the last step's device work
+        notes.append(f"the last step ({plans[-1].number}) may have lost device work to the cut: left out")
+        plans = plans[:-1]
     owner = assign_ops(t, plans)
     if inferred:
         plans, owner = _without_empty(plans, owner)

@@ -19,6 +19,8 @@ def recognise(t: TraceTables, marker_kind: str | None) -> tuple[str, str]:
     """(engine, the evidence)."""
     if marker_kind in ("batchscope", "vllm", "sglang", "transformers"):
         return marker_kind, "its step markers"
+    if marker_kind == "vllm_frames":
+        return "vllm", "its execute_model Python frames"
     if "vllm_version" in t.header:
         return "vllm", "the trace's vllm_version key"
     for name in t.processes.values():
@@ -55,3 +57,13 @@ def device_names(t: TraceTables) -> dict[int, str]:
         if isinstance(props, dict) and isinstance(props.get("id"), int) and props.get("name"):
             out[props["id"]] = str(props["name"])
     return out
+
+
+def device_name(t: TraceTables, device: int) -> str | None:
+    """The device's name from deviceProperties; where its id is not listed (ids renumbered by
+    CUDA_VISIBLE_DEVICES, or only some devices listed) but every listed device has one name, that name."""
+    names = device_names(t)
+    if device in names:
+        return names[device]
+    kinds = set(names.values())
+    return kinds.pop() if len(kinds) == 1 else None

@@ -39,8 +39,7 @@ def infer_steps(t: TraceTables, busy: DeviceBusy) -> tuple[list[StepPlan], str]:
                 plans, period = got
                 for p in plans:
                     p.thread = (pid, tid)
-                return plans, (f"inferred from the launching thread's {what} (thread {tid}: {period} per step, "
-                               f"{len(plans)} steps)")
+                return plans, f"inferred from the launching thread's {what} (thread {tid}: {period} per step)"
     return _device_gaps(busy)
 
 
@@ -100,6 +99,6 @@ def _device_gaps(busy: DeviceBusy) -> tuple[list[StepPlan], str]:
     ends = np.concatenate([busy.ends[split], [busy.ends[-1]]])
     plans = [StepPlan(number=i, device_windows=[(busy.device, float(s), float(e))])
              for i, (s, e) in enumerate(zip(starts, ends))]
-    how = (f"inferred from the device timeline: split at idle gaps of {cut:.0f} µs or more ({len(plans)} steps)"
+    how = (f"inferred from the device timeline: split at idle gaps of {cut:.0f} µs or more"
            if len(plans) > 1 else "no step boundary found: the whole trace is one step")
     return plans, how

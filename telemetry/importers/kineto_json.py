@@ -28,9 +28,35 @@ def _backend():
         return ijson
 
 
+def exact_backend():
+    """ijson's pure-Python parser: about 12x slower than the C one, but it reads integers of any size (the C
+    parser stops at 2^63 with "integer overflow", though such a number is valid JSON: RTP-LLM's traces give
+    a GPU process `sort_index` 2^64-1)."""
+    from ijson.backends import python
+    return python
+
+
+def overflowed(exc: Exception) -> bool:
+    return "integer overflow" in str(exc)
+
+
+BIG_INTEGER_NOTE = ("the trace holds integers beyond 64 bits (valid JSON the fast parser cannot hold): read with "
+                    "the exact, slower parser")
+
+
 def read_header(path: str) -> tuple[str, dict]:
     """("object" | "array", the top-level keys before traceEvents). NotATraceError when the text is no trace."""
-    backend = _backend()
+    try:
+        return _read_header(path, _backend())
+    except _Overflow:
+        return _read_header(path, exact_backend())
+
+
+class _Overflow(Exception):
+    """The C parser met an integer beyond 64 bits: read again with the exact one."""
+
+
+def _read_header(path: str, backend) -> tuple[str, dict]:
     header: dict = {}
     with open_text(path) as text:
         builder, key = None, None
@@ -50,6 +76,8 @@ def read_header(path: str) -> tuple[str, dict]:
                     if prefix == key and event in ("end_map", "end_array", "string", "number", "boolean", "null"):
                         header[key], builder = builder.value, None
         except ijson.JSONError as exc:
+            if overflowed(exc) and backend is not exact_backend():
+                raise _Overflow() from None
             raise _json_error(path, exc, text.at_end) from None
     keys = ", ".join(sorted(header)[:8]) or "none"
     raise NotATraceError(f"{path}: JSON, but not a trace: no traceEvents (top-level keys: {keys})")
@@ -57,17 +85,30 @@ def read_header(path: str) -> tuple[str, dict]:
 
 def read_events(path: str, layout: str, on_bytes=None, partial: bool = False) -> tuple[EventCollector, dict, list]:
     """Stream every event into an EventCollector. Returns (collector, trailing top-level keys, notes)."""
-    backend = _backend()
+    try:
+        return _read_events(path, layout, on_bytes, partial, _backend())
+    except _Overflow:
+        collector, trailer, notes = _read_events(path, layout, on_bytes, partial, exact_backend())
+        return collector, trailer, [BIG_INTEGER_NOTE] + notes
+
+
+def _read_events(path: str, layout: str, on_bytes, partial: bool, backend) -> tuple[EventCollector, dict, list]:
     collector, notes = EventCollector(), []
     prefix = "item" if layout == "array" else f"{_EVENTS_KEY}.item"
     with open_text(path, on_bytes) as text:
         try:
             collector.add(backend.items(text, prefix, use_float=True))
-        except (ijson.JSONError, TruncatedTraceError) as exc:
-            error = exc if isinstance(exc, TruncatedTraceError) else _json_error(path, exc, text.at_end)
+        except ijson.JSONError as exc:
+            if overflowed(exc) and backend is not exact_backend():
+                raise _Overflow() from None
+            error = _json_error(path, exc, text.at_end)
             if not (partial and isinstance(error, TruncatedTraceError)):
                 raise error from None
             notes.append(f"the file ends early ({error}); imported the {collector.events:,} events before the cut")
+        except TruncatedTraceError as exc:
+            if not partial:
+                raise exc from None
+            notes.append(f"the file ends early ({exc}); imported the {collector.events:,} events before the cut")
         except TypeError as exc:
             raise NotATraceError(f"{path}: JSON, but not a trace: its {exc}") from None
         trailer = _trailer(text.tail()) if layout == "object" else {}

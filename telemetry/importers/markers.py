@@ -9,6 +9,8 @@ In order of preference (the first kind a trace holds is the one steps are split 
   atom          `prefill[bs=B tok=T ...]`, `decode[bs=B tok=T ...]`
   transformers  the continuous-batching loop's Python function `_generation_loop_body` (older `_inner_generation_loop`),
                 present with `with_stack=True` when the loop's thread existed before the profiler started
+  vllm_frames   vLLM's `gpu_model_runner.py(N): execute_model` Python frames (with_stack), one per step, where its
+                execute_* annotations are missing
   profiler_step `ProfilerStep#N` (torch.profiler with a schedule)
   numbered      a user annotation `step_N`, `iteration N`, `iter#N`
 CUDA-graph capture annotations (`capture_32_DECODE`) mark a capture trace, whose kernels never ran.
@@ -22,15 +24,17 @@ import numpy as np
 
 from .tables import TraceTables
 
-KINDS = ("batchscope", "sglang", "vllm", "atom", "transformers", "profiler_step", "numbered")
+KINDS = ("batchscope", "sglang", "vllm", "atom", "transformers", "vllm_frames", "profiler_step", "numbered")
 ENGINE_OF_KIND = {"batchscope": "batchscope", "vllm": "vllm", "sglang": "sglang", "atom": "atom",
-                  "transformers": "transformers"}
+                  "transformers": "transformers", "vllm_frames": "vllm"}
+PYTHON_FRAME_KINDS = ("transformers", "vllm_frames")     # Python function rows, not same-named ops
 DESCRIPTION = {
     "batchscope": "batchscope's own ranges (batchscope.launch step=N ...)",
     "vllm": "vLLM's execute_* step annotations",
     "sglang": "SGLang's step[...] forward annotations",
     "atom": "ATOM's prefill[...]/decode[...] annotations",
     "transformers": "transformers' continuous-batching loop (_generation_loop_body Python function rows)",
+    "vllm_frames": "vLLM's gpu_model_runner execute_model Python frames",
     "profiler_step": "torch.profiler's ProfilerStep#N annotations",
     "numbered": "numbered step annotations",
 }
@@ -44,6 +48,7 @@ _SGLANG = re.compile(r"^step\[([A-Z_]+)((?:\s+\w+=[\d/]+)*)[^\]]*\]")
 _SGLANG_NEW = re.compile(r"^model\.step\.tp\d+\.(\w+)")
 _ATOM = re.compile(r"^(prefill|decode)\[bs=(\d+)(?:/\d+)?\s+tok=(\d+)")
 _TRANSFORMERS = re.compile(r"continuous_batching/.*: (_generation_loop_body|_inner_generation_loop)$")
+_VLLM_FRAME = re.compile(r"vllm/.*gpu_model_runner\.py\(\d+\): execute_model$")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _NUMBERED = re.compile(r"^(?:step|iteration|iter)[\s_#:-]?(\d+)$", re.IGNORECASE)
 CAPTURE = re.compile(r"^capture_\d+_\w+$")
@@ -106,6 +111,8 @@ def parse(name: str) -> tuple[str, dict] | None:
                         "decode": tok if stage == "decode" else 0}
     if _TRANSFORMERS.search(name):
         return "transformers", {}
+    if _VLLM_FRAME.search(name):
+        return "vllm_frames", {}
     if m := _PROFILER_STEP.match(name):
         return "profiler_step", {"step": int(m.group(1))}
     if m := _NUMBERED.match(name):
@@ -134,7 +141,7 @@ def find_markers(t: TraceTables) -> tuple[str | None, list[Marker]]:
                 continue
             ids = np.array([nid for nid, (k, _) in parsed.items() if k == kind])
             chosen = rows[np.isin(table.name[rows], ids)]
-            if kind == "transformers" and not on_device:     # a Python function row, not a same-named op
+            if kind in PYTHON_FRAME_KINDS and not on_device:     # a Python function row, not a same-named op
                 chosen = chosen[t.host.code[chosen] == 2]
             return kind, [_marker(t, table, i, kind, parsed[int(table.name[i])][1], on_device) for i in chosen]
     return None, []

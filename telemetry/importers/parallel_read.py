@@ -24,6 +24,7 @@ import ijson
 
 from .collector import EventCollector
 from .errors import TruncatedTraceError
+from .kineto_json import BIG_INTEGER_NOTE, exact_backend, overflowed
 from .opening import open_text
 
 CHUNK_BYTES = 8 * 2**20
@@ -47,13 +48,22 @@ def _parse_piece(piece: bytes) -> dict:
         from ijson.backends import yajl2_c as backend
     except ImportError:
         backend = ijson
-    col = EventCollector()
+    col, exact = EventCollector(), False
     try:
         # a piece is in memory already: small reads keep the parser's buffer in cache
         col.add(backend.items(io.BytesIO(b"[" + piece + b"]"), "item", use_float=True, buf_size=16384))
-    except (ijson.JSONError, TypeError) as exc:
+    except ijson.JSONError as exc:
+        if not overflowed(exc):
+            raise PieceFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        col = EventCollector()          # an integer beyond 64 bits: this piece again, with the exact parser
+        try:
+            col.add(exact_backend().items(io.BytesIO(b"[" + piece + b"]"), "item", use_float=True))
+        except (ijson.JSONError, TypeError) as again:
+            raise PieceFailed(str(again).splitlines()[0] if str(again) else type(again).__name__) from None
+        exact = True
+    except TypeError as exc:
         raise PieceFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-    return col.export()
+    return {**col.export(), "exact_parser": exact}
 
 
 def _context():
@@ -70,13 +80,19 @@ def read_events_parallel(path: str, layout: str, on_bytes=None, partial: bool = 
     try:
         with open_text(path, on_bytes) as text, ProcessPoolExecutor(workers, mp_context=_context()) as pool:
             pieces = _Pieces(text, layout, partial)
+            exact = []
+
+            def absorb(part: dict) -> None:
+                exact.append(part.pop("exact_parser"))
+                merged.merge(part)
+
             for piece in pieces:
                 pending.append(pool.submit(_parse_piece, piece))
                 while len(pending) > 2 * workers:
-                    merged.merge(pending.popleft().result())
+                    absorb(pending.popleft().result())
             while pending:
-                merged.merge(pending.popleft().result())
-            notes += pieces.notes
+                absorb(pending.popleft().result())
+            notes += pieces.notes + ([BIG_INTEGER_NOTE] if any(exact) else [])
             return merged, pieces.trailer, notes
     except PieceFailed:
         for f in pending:

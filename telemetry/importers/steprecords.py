@@ -80,4 +80,5 @@ def _trace_fields(plan: StepPlan, spans: StepSpans | None, before: Gap | None, i
 def rank_step_record(number: int, rank: int, mode: str, spans: StepSpans, shift: float) -> dict:
     gpu = {k: _span(v, shift) for k, v in (("h2d", spans.h2d), ("compute", spans.compute), ("d2h", spans.d2h))
            if v is not None}
-    return {"step": number, "rank": rank, "mode": mode, "gpu": gpu, "compute_us": gpu.get("compute")}
+    return {"step": number, "rank": rank, "mode": mode, "gpu": gpu, "compute_us": gpu.get("compute"),
+            "collective_us": _r(spans.collective_us)}

@@ -13,7 +13,7 @@ from ..export import build_timeline, created_now
 from ..records import mode_record
 from ..summary import summarize
 from .analysis import FileAnalysis
-from .engines import device_names, vendor
+from .engines import device_name, vendor
 from .headline import device_shares, lane_idle, lead_with_device, put_shares, rank_table, unknown_is_none
 from .ranks import clock_shifts
 from .steprecords import rank_step_record, step_record
@@ -48,6 +48,7 @@ def build(analyses: list[FileAnalysis], ranks: list[int], keep_kernels: bool = F
     meta = _meta(analyses, ranks, shifts, origin, lanes_meta, clock_notes, skews)
     summary = summarize(steps, rank_steps=rank_steps)
     figures = _device_figures(analyses, local, summary, lanes_meta)
+    meta["source"]["notes"] += figures.pop("notes")
     summary.update(figures)
     lead_with_device(summary)
     unknown_is_none(summary, meta["source"]["unknown"])
@@ -66,11 +67,10 @@ def _other_lanes(analyses, ranks, local, steps) -> tuple[list, list]:
     lanes_meta, rank_steps, out_rank = [], [], 0
     ref_spans = [(r["compute_us"], r["step"]) for r in steps if r.get("compute_us")]
     for f, fa in enumerate(analyses):
-        names = device_names(fa.tables)
         for j, lane in enumerate(fa.lanes):
             lanes_meta.append({"rank": out_rank, "file": os.path.basename(fa.tables.path), "file_rank": ranks[f],
                                "device": lane.device if lane.device >= 0 else None,
-                               "gpu": names.get(lane.device), "_file": f, "_lane": j})
+                               "gpu": device_name(fa.tables, lane.device), "_file": f, "_lane": j})
             if out_rank > 0:
                 rank_steps += _rank_steps(fa, lane, out_rank, local[f], f == 0, ref_spans)
             out_rank += 1
@@ -96,7 +96,7 @@ def _rank_steps(fa: FileAnalysis, lane, rank: int, shift: float, same_file: bool
             old = out[rec["step"]]["compute_us"]
             rec["compute_us"] = rec["gpu"]["compute"] = [min(old[0], rec["compute_us"][0]),
                                                          max(old[1], rec["compute_us"][1])]
-            for key in ("device_ops_us", "device_ops_before_us"):      # the earlier step's shares count too
+            for key in ("device_ops_us", "device_ops_before_us", "collective_us"):   # the earlier step's count too
                 if key in out[rec["step"]] or key in rec:
                     rec[key] = round(out[rec["step"]].get(key, 0.0) + rec.get(key, 0.0), 1)
         out[rec["step"]] = rec
@@ -126,9 +126,10 @@ def _device_figures(analyses, local, summary, lanes_meta) -> dict:
     window, beside `busy_pct` (the union of the steps' compute spans, batchscope's own definition); and for rank 0
     the device's idle time outside every step's gap and compute span, so the idle figures add up."""
     t0, t1 = summary.get("t0_us"), summary.get("t1_us")
-    devices = []
+    devices: list = []
     if t0 is None or t1 is None or t1 <= t0:
-        return {"devices": devices}
+        return {"devices": devices, "notes": []}
+    notes: list[str] = []
     for m in lanes_meta:
         fa = analyses[m["_file"]]
         lane = fa.lanes[m["_lane"]]
@@ -144,12 +145,25 @@ def _device_figures(analyses, local, summary, lanes_meta) -> dict:
             in_steps = sum(g.idle_us for g in lane.between + lane.inside if g is not None)
             fig["idle_in_steps_us"] = round(in_steps, 1)
             fig["idle_outside_steps_us"] = round(max(0.0, hi - lo - busy - in_steps), 1)
+            notes = _outside_window(lane.busy, lo, hi, busy)
         devices.append(fig)
-    out = {"devices": devices}
+    out = {"devices": devices, "notes": notes if devices else []}
     if devices and devices[0]["rank"] == 0:
         out["busy_pct_device_ops"] = devices[0]["busy_pct_device_ops"]
         out["device_idle_outside_steps_us"] = devices[0]["idle_outside_steps_us"]
     return out
+
+
+def _outside_window(busy, lo: float, hi: float, inside_us: float) -> list[str]:
+    """A note when the device ran ops before the first step or after the last: they are in no figure, and a
+    reading over the whole trace would differ by that much."""
+    before, after = busy.busy_us(-np.inf, lo), busy.busy_us(hi, np.inf)
+    if before + after < 1.0 or busy.lo is None:
+        return []
+    whole = 100.0 * (inside_us + before + after) / (max(busy.hi, hi) - min(busy.lo, lo))
+    return [f"the device ran ops before the first step ({before / 1e3:.2f} ms) or after the last "
+            f"({after / 1e3:.2f} ms), outside the steps' window: they are in no figure (over the whole trace, "
+            f"first op to last, the device was busy {whole:.1f}%)"]
 
 
 def _meta(analyses, ranks, shifts, origin, lanes_meta, clock_notes, skews) -> dict:
