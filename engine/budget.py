@@ -192,7 +192,7 @@ class StepBudget:
         if ms is not None:
             self.model.observe(tokens, ms, decode_only)     # fixed budgets too: the model is shown either way
         self._since_publish += 1
-        if self._since_publish >= PUBLISH_EVERY:
+        if self._since_publish >= PUBLISH_EVERY or self.model.steps <= PUBLISH_EVERY:    # the first steps at once
             self.publish()
 
     def publish(self) -> None:
