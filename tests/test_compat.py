@@ -15,6 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("entry", compat.PRIVATE_NAMES, ids=lambda e: e.name.split(" ")[0])
 def test_private_name_is_present_on_the_installed_versions(entry):
+    pytest.importorskip(entry.package, reason=f"{entry.package} is not installed here")
     assert entry.probe(), (f"{entry.name} ({entry.package}) is gone from the installed version: batchscope "
                            f"{entry.if_missing}. Check {entry.used_in} and update engine/compat.py.")
 
