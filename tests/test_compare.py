@@ -23,7 +23,7 @@ DECODE_SIZES = (8, 16, 32)
 
 def synthetic(seed: int, steps: int = 600, compute_scale: float = 1.0, fill_extra_us: float = 0.0,
               run_scale: float = 1.0, mode: str = "sync", model: str = "tiny-random", gpu: str = "NVIDIA H200",
-              decode_sizes=DECODE_SIZES) -> dict:
+              decode_sizes=DECODE_SIZES, host_scale: float = 1.0, basis: str = "gpu") -> dict:
     """A valid timeline: decode steps in three batch sizes (KV growing), compute 2-4 ms with 5% lognormal noise
     and rare 3x stalls, host phases laid out as the sync loop's, idle booked to schedule/fill/launch."""
     rng = random.Random(seed)
@@ -33,7 +33,8 @@ def synthetic(seed: int, steps: int = 600, compute_scale: float = 1.0, fill_extr
         compute = (2000 + 60 * decode) * compute_scale * run_scale * math.exp(rng.gauss(0, 0.05))
         if rng.random() < 0.01:
             compute *= 3
-        sched, fill, launch = 40 * rng.uniform(0.8, 1.2), 90 + fill_extra_us, 150 * rng.uniform(0.8, 1.2)
+        sched, fill = 40 * host_scale * rng.uniform(0.8, 1.2), (90 + fill_extra_us) * host_scale
+        launch, update = 150 * rng.uniform(0.8, 1.2), 30 * host_scale * rng.uniform(0.8, 1.2)
         c0 = t + sched + fill + launch
         rec = {"step": i, "rank": 0, "mode": mode, "slot": i % 2, "num_requests": decode, "prefill_tokens": 0,
                "decode_tokens": decode, "request_ids": [f"r{k}" for k in range(decode)],
@@ -41,8 +42,8 @@ def synthetic(seed: int, steps: int = 600, compute_scale: float = 1.0, fill_extr
                "queue_depth": 0, "running": decode, "sampled": decode, "carried": 0, "tokens_out": decode,
                "cpu": {"schedule": [t, t + sched], "fill": [t + sched, t + sched + fill],
                        "launch": [t + sched + fill, c0], "wait": [c0, c0 + compute + 10],
-                       "update": [c0 + compute + 10, c0 + compute + 40]},
-               "compute_us": [c0, c0 + compute], "compute_basis": "gpu",
+                       "update": [c0 + compute + 10, c0 + compute + 10 + update]},
+               "compute_us": [c0, c0 + compute], "compute_basis": basis,
                "gpu_idle_before_us": None if prev_end is None else round(c0 - prev_end, 1),
                "idle_cause": "launch", "built_during_step": None, "consumed_at_launch": None,
                "gpu": {"h2d": [c0 - 20, c0 - 5], "compute": [c0, c0 + compute], "d2h": [c0 + compute, c0 + compute + 5]}}
@@ -52,7 +53,9 @@ def synthetic(seed: int, steps: int = 600, compute_scale: float = 1.0, fill_extr
         else:
             rec["idle_by_cause_us"] = {}
         out.append(rec)
-        prev_end, t = c0 + compute, c0 + compute + 40
+        if basis == "host":
+            del rec["gpu"]
+        prev_end, t = c0 + compute, c0 + compute + 10 + update
     meta = {"model": model, "device": "cuda:0", "gpu": gpu, "dtype": "bfloat16", "created": "2026-12-04T00:00:00+00:00",
             "config": {"model": model, "mode": mode, "block_size": 16, "max_batch_tokens": 256}}
     tl = {"schema": "batchscope.timeline/1", "meta": meta, "steps": out, "requests": [], "nvml": [],
@@ -102,6 +105,18 @@ def test_several_recordings_a_side_measure_the_run_spread():
     slower = [Recording(f"c{i}", synthetic(20 + i, steps=300, run_scale=s, compute_scale=1.3), "timeline")
               for i, s in enumerate(scales)]
     assert compare(base, slower)["verdict"] == "slower"
+
+
+def test_a_cpu_machine_that_ran_slower_as_a_whole_gets_no_verdict_from_one_run_a_side():
+    # another process's load stretches everything on a CPU: the model's compute and the engine's bookkeeping alike
+    busy = compare(rec("a", synthetic(1, basis="host")),
+                   rec("b", synthetic(2, basis="host", compute_scale=1.6, host_scale=1.6)))
+    assert busy["verdict"] == "inconclusive" and busy["noise"]["machine_speed_ratio"] > 1.4
+    assert busy["warnings"] and "bookkeeping" in busy["warnings"][0]
+    # a slower model leaves the bookkeeping alone: found, with the CPU's larger minimum effect
+    model = compare(rec("a", synthetic(1, basis="host")), rec("b", synthetic(2, basis="host", compute_scale=1.6)))
+    assert model["verdict"] == "slower" and model["noise"]["min_effect"] == pytest.approx(0.10)
+    assert model["noise"]["machine_speed_ratio"] is None and not model["warnings"]
 
 
 def test_where_the_time_moved_is_named():

@@ -20,6 +20,8 @@ SCHEMA_ID = "batchscope.compare/1"
 MIN_BUCKET_STEPS = 5            # a bucket compared needs this many timed steps on each side
 MIN_VERDICT_STEPS = 20          # ... and this many for a verdict of its own (a few steps under-state their spread)
 MAIN_FIGURES = ("step", "compute")
+CANARY_PHASES = ("host.schedule", "host.update")
+CANARY_SHARE = 0.5
 
 
 @dataclass
@@ -59,6 +61,13 @@ def compare(base: list[Recording], new: list[Recording], min_effect_pct: float |
     stats = {name: _figure_stats(name, sides, weights, mix, len(matched), trim) for name in figures}
     base_step = stats["step"]
     results = {name: _figure_result(name, st, base_step, m) for name, st in stats.items()}
+    buckets = _buckets(matched, stats, counts, mix, m)
+    machine = _machine_speed(results, basis, runs, m)
+    if machine is not None:
+        warnings.append(machine["said"])
+        for fig in [results["step"], results["compute"], *buckets]:
+            if fig["verdict"] in ("slower", "faster"):
+                fig["verdict"] = "inconclusive"
     step = results["step"]
     out = {
         "schema": SCHEMA_ID,
@@ -72,12 +81,13 @@ def compare(base: list[Recording], new: list[Recording], min_effect_pct: float |
                         else "one recording a side: run spread not measured"),
                   "basis": basis, "resamples": noise.RESAMPLES, "block_steps": noise.BLOCK_STEPS,
                   "run_spread": runs >= 2, "min_bucket_steps": MIN_BUCKET_STEPS, "trim": trim,
-                  "min_bucket_verdict_steps": MIN_VERDICT_STEPS},
+                  "min_bucket_verdict_steps": MIN_VERDICT_STEPS,
+                  "machine_speed_ratio": machine["ratio"] if machine else None},
         "matching": {"keys": ["mode", "decode_batch", "prefill_tokens", "kv_tokens"], "mode_in_key": with_mode,
                      "buckets": len(matched)},
         "figures": results,
         "moved": _moved(results),
-        "buckets": _buckets(matched, stats, counts, mix, m),
+        "buckets": buckets,
         "unmatched": unmatched,
         "end_to_end": end_to_end(base, new),
         "settings_changed": settings_changed(base, new),
@@ -215,6 +225,26 @@ def _figure_result(name: str, st: dict, step_st: dict, m: float) -> dict:
             "share_of_base_step": {"value": _r(share[0]), "low": _r(share[1]), "high": _r(share[2])},
             "verdict": verdict, "judged_by": "ratio" if name in MAIN_FIGURES else "share_of_base_step",
             "per_recording_ms": {"base": [_r(x) for x in b["recordings"]], "new": [_r(x) for x in n["recordings"]]}}
+
+
+def _machine_speed(results: dict, basis: str, runs: int, m: float) -> dict | None:
+    """A CPU engine's bookkeeping (schedule and update: plain Python that no model change touches) as a canary
+    of the machine's own speed. With one recording a side, when it moved beyond the minimum effect the same way
+    as the step time, and by at least half as much (in log terms), the step's change is the machine's (another
+    process's load), not the build's: no verdict, said first. Several recordings a side measure this instead."""
+    ratios = [results[f]["ratio"]["value"] for f in CANARY_PHASES if f in results]
+    step = results["step"]["ratio"]["value"]
+    if basis != "host" or runs >= 2 or len(ratios) < len(CANARY_PHASES) or not step or not all(ratios):
+        return None
+    canary = float(np.exp(np.mean(np.log(ratios))))
+    same_way = (canary > 1 + m and step > 1) or (canary < 1 / (1 + m) and step < 1)
+    if not same_way or abs(np.log(canary)) < CANARY_SHARE * abs(np.log(step)):
+        return None
+    return {"ratio": round(canary, 4),
+            "said": f"the engine's own bookkeeping (schedule, update), which no model change touches, ran "
+                    f"{canary:.2f}x as long in NEW as in BASE, as the step time did ({step:.2f}x): the machine "
+                    f"itself ran at another speed (other processes' load?), so no verdict is drawn from one "
+                    f"recording a side; record several a side, alternating, and compare them with --"}
 
 
 def _moved(results: dict) -> list[dict]:

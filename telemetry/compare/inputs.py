@@ -20,7 +20,7 @@ from ..export import TimelineError, validate_timeline
 SNIFF_BYTES = 1 << 16
 GZIP_MAGIC = b"\x1f\x8b"
 SQLITE_MAGIC = b"SQLite format 3\x00"
-BENCH_SCHEMA = "batchscope.bench/"
+BENCH_SCHEMA = "batchscope.bench"          # batchscope.bench/1, batchscope.bench.served/1
 URL_TIMEOUT_S = 60.0
 _BATCHSCOPE_SCHEMA = re.compile(rb'"schema"\s*:\s*"batchscope\.')
 
