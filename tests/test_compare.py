@@ -46,7 +46,8 @@ def synthetic(seed: int, steps: int = 600, compute_scale: float = 1.0, fill_extr
                "compute_us": [c0, c0 + compute], "compute_basis": basis,
                "gpu_idle_before_us": None if prev_end is None else round(c0 - prev_end, 1),
                "idle_cause": "launch", "built_during_step": None, "consumed_at_launch": None,
-               "gpu": {"h2d": [c0 - 20, c0 - 5], "compute": [c0, c0 + compute], "d2h": [c0 + compute, c0 + compute + 5]}}
+               "gpu": {"h2d": [c0 - 20, c0 - 5], "compute": [c0, c0 + compute],
+                       "d2h": [c0 + compute, c0 + compute + 5]}}
         if prev_end is not None:
             gap = c0 - prev_end
             rec["idle_by_cause_us"] = {"schedule": sched, "fill": fill, "launch": max(0.0, gap - sched - fill)}

@@ -100,8 +100,8 @@ def _unmatched_lines(result: dict) -> list[str]:
             parts.append(f"{len(u[key])} shapes {what}")
     if not parts:
         return ["not matched: nothing (every timed step was compared)"]
-    return [f"not matched: {', '.join(parts)}; their share of step time: BASE {100 * (u['base_time_share'] or 0):.1f}%, "
-            f"NEW {100 * (u['new_time_share'] or 0):.1f}%"]
+    base, new = (100 * (u[f"{side}_time_share"] or 0) for side in ("base", "new"))
+    return [f"not matched: {', '.join(parts)}; their share of step time: BASE {base:.1f}%, NEW {new:.1f}%"]
 
 
 def _e2e_lines(result: dict) -> list[str]:
@@ -125,14 +125,16 @@ def markdown(result: dict) -> str:
     if result["settings_changed"]:
         lines += ["Settings changed: " + ", ".join(f"`{k}` {v[0]} → {v[1]}"
                                                     for k, v in result["settings_changed"].items()), ""]
-    lines += ["| figure (ms per step) | BASE | NEW | NEW/BASE | 90% interval | verdict |", "|---|---:|---:|---:|---|---|"]
+    lines += ["| figure (ms per step) | BASE | NEW | NEW/BASE | 90% interval | verdict |",
+              "|---|---:|---:|---:|---|---|"]
     for name, fig in result["figures"].items():
         r = fig["ratio"]
         interval = f"{r['low']:.3f}–{r['high']:.3f}" if r.get("low") is not None else "–"
         value = f"{r['value']:.3f}" if r.get("value") is not None else "–"
         lines.append(f"| {figure_name(name)} | {fig['base_ms']:.3f} | {fig['new_ms']:.3f} | {value} | {interval} | "
                      f"{fig['verdict']} |")
-    lines += [""] + [f"- {x.strip()}" for x in _moved_lines(result)[1:]] if result["moved"] else ["", _moved_lines(result)[0]]
+    moved = _moved_lines(result)
+    lines += ["", moved[0]] + ([""] + [f"- {x.strip()}" for x in moved[1:]] if len(moved) > 1 else [])
     lines += ["", "| shape | steps BASE/NEW | time share | BASE ms | NEW ms | NEW/BASE | verdict |",
               "|---|---:|---:|---:|---:|---:|---|"]
     for b in sorted(result["buckets"], key=lambda b: -(b["time_share"] or 0))[:TOP_BUCKETS]:
