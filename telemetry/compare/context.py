@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from .inputs import CompareInputError, Recording
+from .shapes import step_figures
 
 E2E_NOTE = ("end-to-end figures depend on the batch mix (arrivals, lengths, how many requests shared a step): "
             "shown for context, without a verdict; the step figures above are compared at matched shapes")
@@ -93,10 +94,27 @@ def end_to_end(base: list[Recording], new: list[Recording]) -> dict:
     for lat in E2E_LATENCIES:
         for p in E2E_PERCENTILES:
             rows[f"{lat}.{p}"] = [_e2e(side, lambda s, lat=lat, p=p: (s.get(lat) or {}).get(p)) for side in (base, new)]
+    rows["step_ms_as_run"] = [_as_run(side, per_token=False) for side in (base, new)]
+    rows["device_ms_per_output_token"] = [_as_run(side, per_token=True) for side in (base, new)]
     for name, (b, n) in rows.items():
         if b is not None and n is not None:
             out[name] = {"base": round(b, 3), "new": round(n, 3), "ratio": round(n / b, 4) if b else None}
     return out
+
+
+def _as_run(side: list[Recording], per_token: bool) -> float | None:
+    """Device step time over each side's own mix of steps (every timed step), per step or per output token: what
+    a change of the mix (a larger budget, fewer and larger steps) did, beside the matched comparison."""
+    values = []
+    for rec in side:
+        timed = [(step_figures(s), s.get("tokens_out") or 0) for s in rec.timeline["steps"]]
+        timed = [(f["step"], tokens) for f, tokens in timed if f is not None]
+        total, tokens = sum(t for t, _ in timed), sum(k for _, k in timed)
+        if per_token and tokens:
+            values.append(total / tokens)
+        elif not per_token and timed:
+            values.append(total / len(timed))
+    return statistics.median(values) if len(values) == len(side) else None
 
 
 def _e2e(side: list[Recording], read) -> float | None:
