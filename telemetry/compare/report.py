@@ -111,7 +111,7 @@ def _e2e_lines(result: dict) -> list[str]:
     out = ["end to end (depends on the batch mix; no verdict):"]
     for name, v in e2e.items():
         ratio = f"{v['ratio']:.3f}x" if v["ratio"] is not None else "-"
-        out.append(f"  {name:<28} {v["base"]:>10.3f} -> {v['new']:>10.3f}  {ratio}")
+        out.append(f"  {name:<28} {v['base']:>10.3f} -> {v['new']:>10.3f}  {ratio}")
     return out
 
 
