@@ -1,6 +1,6 @@
 """The proof of `batchscope compare` on a GPU: A/A pairs raise no false alarm, real changes are found and sized.
 
-    python benchmarks/compare_h200.py record OUT        # on the GPU machine: the bench runs, timelines gzipped
+    python benchmarks/compare_h200.py record OUT [SECONDS]   # on the GPU machine: the bench runs, gzipped
     python benchmarks/compare_h200.py analyse OUT RESULTS   # anywhere: every comparison, one JSON per question
 
 Recorded (llama3-8b-random, one process per bench command, as a user would run them):
@@ -18,6 +18,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 BENCH = [sys.executable, "-m", "batchscope.app.bench", "--model", "llama3-8b-random", "--device", "cuda",
@@ -32,13 +33,24 @@ RUNS = {"uniform": UNIFORM,
         "b256_nomixed": SERVED + ["--max-batch-tokens", "256", "--no-mixed-graphs"]}
 
 
-def record(out: Path) -> None:
+def record(out: Path, seconds: float) -> None:
+    """The runs in order of importance, each given what is left of `seconds` (a lease is short)."""
     out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + seconds
     for name, args in RUNS.items():
+        left = deadline - time.monotonic()
+        if left < 30:
+            print(f"{name}: skipped, {left:.0f} s left", flush=True)
+            continue
         result = out / f"{name}.json"
+        start = time.monotonic()
         with open(out / f"{name}.log", "w") as log:
-            rc = subprocess.call(BENCH + args + ["--out", str(result)], stdout=log, stderr=subprocess.STDOUT)
-        print(f"{name}: exit {rc}", flush=True)
+            try:
+                rc = subprocess.call(BENCH + args + ["--out", str(result)], stdout=log, stderr=subprocess.STDOUT,
+                                     timeout=left)
+            except subprocess.TimeoutExpired:
+                rc = "timed out"
+        print(f"{name}: exit {rc} after {time.monotonic() - start:.0f} s", flush=True)
         for timeline in out.glob(f"{name}.*.timeline.json"):
             with open(timeline, "rb") as src, gzip.open(f"{timeline}.gz", "wb") as dst:
                 shutil.copyfileobj(src, dst)
@@ -87,7 +99,7 @@ def _write(path: Path, obj) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "record":
-        record(Path(sys.argv[2]))
+        record(Path(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 600.0)
     elif len(sys.argv) >= 4 and sys.argv[1] == "analyse":
         analyse(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
