@@ -228,3 +228,24 @@ def test_markdown_says_what_was_not_matched():
     result = compare(rec("a", synthetic(5)), rec("b", synthetic(6, decode_sizes=(8, 16, 64))))
     text = markdown(result)
     assert "shapes only NEW ran" in text and "batch mix" in text
+
+
+def test_a_running_servers_history_is_read_from_its_address(tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "api").mkdir()
+    (tmp_path / "api" / "timeline.json").write_text(json.dumps(synthetic(8)))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        base = _write(tmp_path / "base.json", synthetic(9))
+        assert main(["compare", base, url, "--json", str(tmp_path / "c.json")]) == 0
+        result = json.loads((tmp_path / "c.json").read_text())
+        assert result["new"]["recordings"] == [url] and result["verdict"] in ("same", "inconclusive")
+        assert main(["compare", base, url + "/missing.json"]) == 2            # the server's 404, one line
+    finally:
+        server.shutdown()
