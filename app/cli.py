@@ -251,6 +251,8 @@ def cmd_import(args) -> int:
 def _add_compare_parser(sub) -> None:
     c = sub.add_parser("compare", help="which change made it slower: two sets of recordings compared step by step "
                                        "at matched batch shapes, with a verdict that knows its noise",
+                       usage="batchscope compare BASE... [-- NEW...] [--json FILE] [--markdown FILE] "
+                             "[--fail-above PCT] [--min-effect PCT]",
                        description="Compare BASE and NEW recordings (timeline JSON, .gz or not; a bench result, "
                                    "BENCH.json#LABEL for one label's runs; a profiler trace; a server's URL). One "
                                    "a side: compare BASE NEW; several: compare B1 B2 -- N1 N2. Exit 0: nothing "
