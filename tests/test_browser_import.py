@@ -58,6 +58,10 @@ def test_a_trace_on_the_page(browser, tmp_path):
         assert legend.startswith("GPU idle inside steps 200 µs in view: other host work 160 µs, host launching "
                                  "40 µs"), legend
         assert "GPU idle before a step, by cause" in page.text_content("#bs-legend")
+        # and drawn: on the idle lane by cause (all 200 µs of it), out of the compute bar
+        assert page.get_attribute("#bs-gantt", "data-inside-drawn") == "200"
+        lanes = json.loads(page.get_attribute("#bs-gantt", "data-lanes"))
+        assert lanes["idle: host_other"] >= 4 and lanes["idle: launch"] >= 4, lanes
         step = expected["steps"][1]
         box = hover_compute(page, step["compute_us"][0] + 5)
         assert f"step {step['step']}" in box and "GPU idle before: 0.180 ms (other host work)" in box, box

@@ -113,3 +113,29 @@ def test_ranks_in_step_name_no_straggler(tmp_path):
     tl = import_trace([straggler_rank(tmp_path, 0, late=False), straggler_rank(tmp_path, 1, late=False)])
     assert tl["summary"]["straggler"]["rank"] is None
     assert "no rank held the others back" in tl["summary"]["straggler"]["reason"]
+
+
+def test_idle_inside_a_step_keeps_its_place_for_the_gantt(tmp_path):
+    tl = import_trace(launch_gapped_steps().write(tmp_path / "t.json.gz"))
+    for k, s in enumerate(tl["steps"]):
+        t = 100 * k
+        # [t+40, t+50]: the host late until its launch call at t+45, then the launch itself
+        assert s["idle_inside_stretches"] == [[t + 40, t + 45, "host_other"], [t + 45, t + 50, "launch"]]
+        assert sum(b - a for a, b, _ in s["idle_inside_stretches"]) == s["gpu_idle_inside_us"] == 10
+
+
+def test_a_step_with_many_small_gaps_keeps_its_largest_in_place_and_the_rest_by_cause(tmp_path):
+    from batchscope.telemetry.importers.steprecords import DRAWN_STRETCHES
+
+    tr = KinetoTrace()
+    tr.annotation("ProfilerStep#1", 0, 10_000)
+    n = DRAWN_STRETCHES + 20
+    for i in range(n):                          # gaps of 2 µs, and one of 50 µs in the middle
+        at = 10 + 12 * i + (48 if i > n // 2 else 0)
+        tr.launch(at - 5, 2, kernel_at=at, kernel_dur=10)
+    s = import_trace(tr.write(tmp_path / "t.json.gz"))["steps"][0]
+    drawn = s["idle_inside_stretches"]
+    # the 50 µs gap is kept in place: 45 µs of the host late, then 5 µs of its launch call
+    assert len(drawn) == DRAWN_STRETCHES and max(b - a for a, b, _ in drawn) == 45
+    spread = sum(s["idle_inside_spread_us"].values())
+    assert sum(b - a for a, b, _ in drawn) + spread == pytest.approx(s["gpu_idle_inside_us"])

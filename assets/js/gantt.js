@@ -78,6 +78,7 @@ export function showGantt(g) {
   bindHover(el, { steps, lo, hi, margin: geo.margin, plotH: geo.h, spec, tp, rankSteps: g.rankSteps });
   // what was painted, for tests and curious readers: spans per row
   el.dataset.lanes = JSON.stringify(g.counts);
+  el.dataset.insideDrawn = String(Math.round(g.ink.inside.drawn));    // µs of idle inside steps on the idle lane
   el.dataset.spans = String(Object.entries(g.counts).reduce((a, [k, n]) => a + (k === "gap" ? 0 : n), 0));
   el.dataset.markers = String(ms.count);
   el.dataset.ranks = String(tp.size);       // tensor-parallel ranks drawn (1: rank 0's lanes only)
@@ -149,8 +150,9 @@ function sizeCanvas(geo) {
 function inkContext(steps, lo, usPerCol, geo, tp) {
   const cov = {};
   const add = (name, a, b) => addSpan(cov[name] || (cov[name] = coverage(geo.cols)), a, b, lo, usPerCol);
-  const ink = { cov, add, steps, gpuSeen: false, hostCompute: false, stripes: 0, causes: new Set(),
-                inside: { us: 0, byCause: {} } };
+  const addW = (name, a, b, w) => addSpan(cov[name] || (cov[name] = coverage(geo.cols)), a, b, lo, usPerCol, w);
+  const ink = { cov, add, addW, steps, gpuSeen: false, hostCompute: false, stripes: 0, causes: new Set(),
+                inside: { us: 0, byCause: {}, drawn: 0 } };
   // Under tensor parallelism a compute bar wide enough to show it ends in its estimated all-reduce time (the
   // bar's ink is split, not added to: the lane's ink still matches the compute time). Narrower bars do not:
   // an estimate drawn as a share of every pixel would look measured.
@@ -192,20 +194,41 @@ function rank0Ink(ink, steps) {
       add("idle: " + cause, s._c - gap, s._c);
       if (!NO_WORK.has(cause)) add("gap", s._c - gap, s._c);   // no work at all is not the host's fault
     }
-    // idle inside the step's compute span (imported traces): totals only, no positions to draw
+    // idle inside the step's compute span (imported traces): on the idle lane by cause, and out of the compute bar
     if (s.gpu_idle_inside_us > 0) {
       ink.inside.us += s.gpu_idle_inside_us;
       const by = ink.inside.byCause;
       for (const [c, us] of Object.entries(s.idle_inside_by_cause_us || {})) by[c] = (by[c] || 0) + us;
+      insideInk(ink, s, "compute", true);
     }
   }
   for (const r of modeRuns(steps)) add(r.mode, r.lo, r.hi);
+}
+
+// An imported step's idle inside its compute span: each kept stretch where it was, the rest spread evenly over
+// the span (its share of the time is right at any zoom, only its place inside the step is not), taken out of
+// the compute bar so that the bar's ink is what the device ran, and (rank 0, which has the idle lane) drawn
+// there by its cause.
+function insideInk(ink, s, computeKey, onIdleLane) {
+  const span = s._cs;
+  if (!span || !(span[1] > span[0])) return;
+  const idle = (c, a, b, w) => {
+    ink.addW(computeKey, a, b, -w);
+    if (!onIdleLane) return;
+    ink.causes.add(c);
+    ink.addW("idle: " + c, a, b, w);
+    ink.inside.drawn += w * (b - a);
+  };
+  for (const [a, b, c] of s.idle_inside_stretches || []) idle(c, a, b, 1);
+  const len = span[1] - span[0];
+  for (const [c, us] of Object.entries(s.idle_inside_spread_us || {})) idle(c, span[0], span[1], us / len);
 }
 
 // Another rank: its own spans of the steps rank 0 planned (a step's counts are in rank 0's record).
 function rankInk(ink, r, records) {
   const arKey = rankLaneKey(r.rank, "allreduce"), steps = ink.steps;
   for (const rec of records) {
+    if (rec.gpu_idle_inside_us > 0) insideInk(ink, rec, rankLaneKey(r.rank, "compute"), false);
     for (const k of r.phases) {
       const v = k === "compute" ? rec._cs : rec.gpu && rec.gpu[k];
       if (!v || v[0] === null || v[1] === null) continue;
@@ -365,7 +388,7 @@ function setInsideLegend(inside) {
   const html = `<b>GPU idle inside steps</b> ${esc(fmtUs(inside.us))} in view` + (top.length ? ": " : "") +
     top.map(([c, us]) => `<span class="bs-li" title="${esc(causeHint(c) || c)}"><i style="background:${causeColor(c)}"></i>` +
                          `${esc(causeLabel(c))} ${esc(fmtUs(us))}</span>`).join(", ") +
-    ` <span style="color:#64748b">(not drawn on the idle lane: hover a step)</span>`;
+    ` <span style="color:#64748b">(drawn on the idle lane by cause, and left out of the compute bar)</span>`;
   if (el.innerHTML !== html) el.innerHTML = html;
 }
 

@@ -19,21 +19,23 @@ export function coverage(n) {
   return cov;
 }
 
-// Adds the span [a, b] (µs) to cov, whose columns start at lo and are usPerCol wide.
-export function addSpan(cov, a, b, lo, usPerCol) {
+// Adds the span [a, b] (µs) to cov, whose columns start at lo and are usPerCol wide, with weight w: 1 for a
+// span, a share for time spread evenly over it (an imported step's small idle stretches), -1 to take a span
+// back out (the idle inside an imported step's compute span is not compute).
+export function addSpan(cov, a, b, lo, usPerCol, w = 1) {
   const n = cov.length, narrow = cov.narrow;
   let x0 = (a - lo) / usPerCol, x1 = (b - lo) / usPerCol;
-  cov.spans++;
+  if (w > 0) cov.spans++;
   if (x1 <= 0 || x0 >= n || !(x1 > x0)) return;
   const thin = x1 - x0 < 1;
   if (x0 < 0) x0 = 0;
   if (x1 > n) x1 = n;
   const i0 = Math.floor(x0), i1 = Math.floor(x1);
-  if (i0 === i1) { cov[i0] += x1 - x0; if (thin) narrow[i0] += x1 - x0; return; }
-  if (thin) { narrow[i0] += i0 + 1 - x0; if (i1 < n) narrow[i1] += x1 - i1; }
-  cov[i0] += i0 + 1 - x0;
-  for (let i = i0 + 1; i < i1; i++) cov[i] += 1;
-  if (i1 < n) cov[i1] += x1 - i1;
+  if (i0 === i1) { cov[i0] += w * (x1 - x0); if (thin) narrow[i0] += w * (x1 - x0); return; }
+  if (thin) { narrow[i0] += w * (i0 + 1 - x0); if (i1 < n) narrow[i1] += w * (x1 - i1); }
+  cov[i0] += w * (i0 + 1 - x0);
+  for (let i = i0 + 1; i < i1; i++) cov[i] += w;
+  if (i1 < n) cov[i1] += w * (x1 - i1);
 }
 
 // "#rrggbb" -> [r, g, b]
@@ -75,8 +77,8 @@ function paintLane(img, lane) {
   const full = 2 * lane.half;
   for (let x = 0; x < W; x++) {
     let total = 0, narrow = 0;
-    for (const l of layers) { total += l.cov[x]; narrow += l.cov.narrow[x]; }
-    if (total <= 0) continue;
+    for (const l of layers) { total += Math.max(0, l.cov[x]); narrow += Math.max(0, l.cov.narrow[x]); }
+    if (total <= 1e-6) continue;
     const scale = total > 1 ? 1 / total : 1;           // overlapping spans: the column is simply full
     // by height where sub-pixel spans make up the column; by opacity at the end of a wide span
     const byHeight = narrow > 0, opacity = byHeight ? 1 : Math.min(1, total);
@@ -87,7 +89,7 @@ function paintLane(img, lane) {
       // which layer owns most of this row, and how much of the row is ink at all
       let segTop = top, best = null, bestO = 0, inked = 0;
       for (const l of layers) {
-        const segBot = segTop + l.cov[x] * scale * (byHeight ? full : full / Math.min(1, total));
+        const segBot = segTop + Math.max(0, l.cov[x]) * scale * (byHeight ? full : full / Math.min(1, total));
         const o = Math.min(r + 1, segBot) - Math.max(r, segTop);
         if (o > 0) { inked += o; if (o > bestO) { bestO = o; best = l; } }
         segTop = segBot;

@@ -96,14 +96,15 @@ class GapFinder:
             self._stretch(gap, a, b, "unattributed")
             return
         ls, le = float(t.rt.start[call]), float(t.rt.end[call])
+        keep = self.keep or gap.inside                  # idle inside a step is always drawn, stretch by stretch
         if ls >= a:                                     # the host was late
             host_end = min(ls, b)
             pid, tid = int(t.rt.pid[call]), int(t.rt.tid[call])
-            if self.keep:                               # its own tallies, to name its stretch
+            if keep:                                    # its own tallies, to name its stretch
                 query = HostQuery(pid, tid, a, host_end)
             else:                                       # straight into the gap's
                 query = HostQuery(pid, tid, a, host_end, gap.host_labels, gap.host_op_ids)
-            gap.queries.append((query, len(gap.stretches) if self.keep and host_end > a else -1))
+            gap.queries.append((query, len(gap.stretches) if keep and host_end > a else -1))
             gap.host_late_us += b - a
             self._stretch(gap, a, host_end, None)
             self._stretch(gap, host_end, b, "launch")
@@ -118,7 +119,7 @@ class GapFinder:
             return
         if cause is not None:
             gap.add(cause, b - a)
-        if self.keep:
+        if self.keep or gap.inside:
             gap.stretches.append([a, b, cause])
 
     def _stream_waited(self, row: int, a: float, b: float) -> bool:

@@ -9,6 +9,7 @@ from .plans import StepPlan
 from .spans import StepSpans
 
 _MARKER_CHARS = 200
+DRAWN_STRETCHES = 48        # idle stretches inside a step kept in place for the Gantt (the rest: totals by cause)
 
 
 def _r(x: float) -> float:
@@ -48,14 +49,15 @@ def step_record(plan: StepPlan, mode: str, spans: StepSpans | None, before: Gap 
     if spans is not None and not host_basis:
         rec["gpu"] = {k: _span(v, shift) for k, v in (("h2d", spans.h2d), ("compute", spans.compute),
                                                        ("d2h", spans.d2h)) if v is not None}
-    rec.update(_trace_fields(plan, None if host_basis else spans, before, inside))
+    rec.update(_trace_fields(plan, None if host_basis else spans, before, inside, shift))
     if host_basis and before is not None:
         rec["idle_host_late_us"] = _r(before.host_late_us)
         rec["idle_host_ops_us"] = top_ops(before.host_ops)
     return rec
 
 
-def _trace_fields(plan: StepPlan, spans: StepSpans | None, before: Gap | None, inside: Gap | None) -> dict:
+def _trace_fields(plan: StepPlan, spans: StepSpans | None, before: Gap | None, inside: Gap | None,
+                  shift: float) -> dict:
     """What only a trace shows: idle inside the compute span, host lateness, the ops the host was in, collectives."""
     out = {}
     if plan.marker:
@@ -65,6 +67,7 @@ def _trace_fields(plan: StepPlan, spans: StepSpans | None, before: Gap | None, i
     inside_us = inside.total_us if inside is not None else 0.0
     out["gpu_idle_inside_us"] = _r(inside_us)
     out["idle_inside_by_cause_us"] = _parts(inside)
+    out.update(inside_ink(inside, shift))
     out["device_busy_us"] = _r(max(0.0, spans.compute[1] - spans.compute[0] - inside_us))
     out["idle_host_late_us"] = _r(before.host_late_us) if before is not None else 0.0
     out["idle_inside_host_late_us"] = _r(inside.host_late_us) if inside is not None else 0.0
@@ -77,8 +80,29 @@ def _trace_fields(plan: StepPlan, spans: StepSpans | None, before: Gap | None, i
     return out
 
 
-def rank_step_record(number: int, rank: int, mode: str, spans: StepSpans, shift: float) -> dict:
+def rank_step_record(number: int, rank: int, mode: str, spans: StepSpans, inside: Gap | None,
+                     shift: float) -> dict:
     gpu = {k: _span(v, shift) for k, v in (("h2d", spans.h2d), ("compute", spans.compute), ("d2h", spans.d2h))
            if v is not None}
     return {"step": number, "rank": rank, "mode": mode, "gpu": gpu, "compute_us": gpu.get("compute"),
-            "collective_us": _r(spans.collective_us)}
+            "collective_us": _r(spans.collective_us),
+            "gpu_idle_inside_us": _r(inside.total_us if inside is not None else 0.0),
+            "idle_inside_by_cause_us": _parts(inside), **inside_ink(inside, shift)}
+
+
+def inside_ink(inside: Gap | None, shift: float) -> dict:
+    """Where the idle inside a step was, for the Gantt to draw by cause: its largest DRAWN_STRETCHES stretches
+    as [start_us, end_us, cause], and the rest as µs by cause (`idle_inside_spread_us`, drawn spread over the
+    step's span: the ink stays true to the time at any zoom, only its place inside the step is lost)."""
+    if inside is None:
+        return {}
+    stretches = [(a, b, cause or "host_other") for a, b, cause in inside.stretches if b > a]
+    stretches.sort(key=lambda s: s[0] - s[1])
+    spread: dict[str, float] = {}
+    for a, b, cause in stretches[DRAWN_STRETCHES:]:
+        spread[cause] = spread.get(cause, 0.0) + b - a
+    drawn = sorted(stretches[:DRAWN_STRETCHES])
+    out = {"idle_inside_stretches": [[_r(a + shift), _r(b + shift), cause] for a, b, cause in drawn]}
+    if spread:
+        out["idle_inside_spread_us"] = {k: _r(v) for k, v in sorted(spread.items())}
+    return out

@@ -86,7 +86,7 @@ def _rank_steps(fa: FileAnalysis, lane, rank: int, shift: float, same_file: bool
         sp = lane.spans[k]
         if sp is None or sp.compute is None:
             continue
-        rec = put_shares(rank_step_record(plan.number, rank, fa.modes[k], sp, shift), share)
+        rec = put_shares(rank_step_record(plan.number, rank, fa.modes[k], sp, lane.inside[k], shift), share)
         if not same_file:
             number = _overlapping_step(rec["compute_us"], ref_spans, starts)
             if number is None:
@@ -96,11 +96,23 @@ def _rank_steps(fa: FileAnalysis, lane, rank: int, shift: float, same_file: bool
             old = out[rec["step"]]["compute_us"]
             rec["compute_us"] = rec["gpu"]["compute"] = [min(old[0], rec["compute_us"][0]),
                                                          max(old[1], rec["compute_us"][1])]
-            for key in ("device_ops_us", "device_ops_before_us", "collective_us"):   # the earlier step's count too
-                if key in out[rec["step"]] or key in rec:
-                    rec[key] = round(out[rec["step"]].get(key, 0.0) + rec.get(key, 0.0), 1)
+            _merge_into(rec, out[rec["step"]])
         out[rec["step"]] = rec
     return list(out.values())
+
+
+def _merge_into(rec: dict, old: dict) -> None:
+    """Two of a rank's steps in one of rank 0's: the earlier one's counts and idle stretches count too."""
+    for key in ("device_ops_us", "device_ops_before_us", "collective_us", "gpu_idle_inside_us"):
+        if key in old or key in rec:
+            rec[key] = round(old.get(key, 0.0) + rec.get(key, 0.0), 1)
+    for key in ("idle_inside_by_cause_us", "idle_inside_spread_us"):
+        both = dict(old.get(key) or {})
+        for cause, us in (rec.get(key) or {}).items():
+            both[cause] = round(both.get(cause, 0.0) + us, 1)
+        if both:
+            rec[key] = both
+    rec["idle_inside_stretches"] = old.get("idle_inside_stretches", []) + rec.get("idle_inside_stretches", [])
 
 
 def _overlapping_step(span, ref_spans, starts) -> int | None:
