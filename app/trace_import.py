@@ -122,6 +122,7 @@ def summary_lines(timeline: dict, out: Path) -> list[str]:
         lines.append(f"  inferred: {', '.join(source['inferred'])}")
     if source.get("unknown"):
         lines.append(f"  not in the trace: {', '.join(source['unknown'])}")
+    lines += [f"  under-recorded: {n}" for n in source.get("under_recorded", [])]
     lines += [f"  note: {n}" for n in source.get("notes", [])]
     return lines
 

@@ -50,14 +50,17 @@ def test_a_trace_on_the_page(browser, tmp_path):
         page.goto(srv.url + "/")
         page.wait_for_selector("#bs-scope[data-source='replay']", timeout=T)
         page.wait_for_function("+document.getElementById('bs-scope').dataset.steps === 4", timeout=T)
-        assert "Replay: vllm-rank0.pt.trace.json.gz · ? on cuda (NVIDIA H200) · 4 steps" in \
-            page.text_content("#bs-replay-text")
+        assert "Replay: vllm-rank0.pt.trace.json.gz · ? on cuda (NVIDIA H200) · 4 steps · requests not in the " \
+            "trace · 0 mode switches" in page.text_content("#bs-replay-text")
         # idle inside steps: not on the idle lane, so the legend says how much, by cause, and the hover per step
         page.wait_for_selector("#bs-legend-inside", state="visible", timeout=T)
         legend = page.text_content("#bs-legend-inside")
         assert legend.startswith("GPU idle inside steps 200 µs in view: other host work 160 µs, host launching "
                                  "40 µs"), legend
         assert "GPU idle before a step, by cause" in page.text_content("#bs-legend")
+        # what the trace under-records is said above the figures
+        assert page.get_attribute("#bs-trace-notes", "data-under") == "1"
+        assert "The trace under-records:only 4 steps with device work" in page.text_content("#bs-trace-notes")
         # and drawn: on the idle lane by cause (all 200 µs of it), out of the compute bar
         assert page.get_attribute("#bs-gantt", "data-inside-drawn") == "200"
         lanes = json.loads(page.get_attribute("#bs-gantt", "data-lanes"))

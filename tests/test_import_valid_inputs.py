@@ -137,3 +137,37 @@ def test_vllm_execute_model_frames_are_its_steps_where_annotations_are_missing(t
     assert src["engine"] == "vllm" and src["steps_from"] == "vLLM's gpu_model_runner execute_model Python frames"
     assert "steps" not in src["inferred"]
     assert [s["compute_us"] for s in tl["steps"]] == [[300 * k + 20, 300 * k + 140] for k in range(4)]
+
+
+def under(tl: dict) -> list[str]:
+    return tl["meta"]["source"]["under_recorded"]
+
+
+def test_a_healthy_trace_under_records_nothing(tmp_path):
+    assert under(import_trace(steps(10).write(tmp_path / "t.json"))) == []
+
+
+def test_graph_launches_without_their_nodes_are_said(tmp_path):
+    tr = KinetoTrace()
+    for k in range(10):
+        t = 200 * k
+        tr.annotation(f"ProfilerStep#{k + 1}", t, 200)
+        tr.graph(t + 10, 5, kernels=[(t + 20, 150)])          # one record for the whole graph
+    notes = under(import_trace(tr.write(tmp_path / "g.json")))
+    assert any("10 CUDA-graph launches show at most one device record each" in n for n in notes), notes
+
+
+def test_launches_the_profiler_dropped_are_said(tmp_path):
+    tr = steps(12)
+    for k in range(12):
+        tr.runtime("launch", 200 * k + 150, 3)                # no kernel in the file for these
+    notes = under(import_trace(tr.write(tmp_path / "d.json")))
+    assert any(n.startswith("11 of 23 kernel launches have no device record") for n in notes), notes
+
+
+def test_a_window_of_a_few_steps_is_said_to_be_short(tmp_path, capsys):
+    path = steps(3).write(tmp_path / "short.json")
+    assert under(import_trace(path)) == ["only 3 steps with device work: too short a window for the figures' "
+                                         "medians (ms/step, idle per step) and for any comparison to stand on"]
+    assert cli_main(["import", str(path)]) == 0
+    assert "  under-recorded: only 3 steps with device work" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 /* The toolbar above the charts: pause and window width, downloads, named recordings, loading a replay, and
  * the replay bar. It builds the chart containers too (#bs-gantt, #bs-c-*), inside #bs-scope. */
 import { api, withToken } from "./api.js";
-import { followLive, normalise, replayRange, state, tensorParallel } from "./feed.js";
+import { followLive, normalise, notInTrace, replayRange, state, tensorParallel } from "./feed.js";
 import { setConn } from "./header.js";
 import { $, note, setText } from "./util.js";
 import { mountProfile } from "./profile.js";
@@ -237,7 +237,9 @@ function replayTitle(tl, name) {
   const m = tl.meta, tp = tensorParallel(tl);
   return `Replay: ${name} · ${m.model || "?"} on ${m.device || "?"}` + (m.gpu ? " (" + m.gpu + ")" : "") +
     (tp.size > 1 ? ` · tensor parallel ×${tp.size}` : "") +
-    ` · ${tl.steps.length} steps · ${tl.requests.length} requests · ${tl.mode_changes.length} mode switches`;
+    ` · ${tl.steps.length} steps · ` +
+    (notInTrace(tl).has("request_ids") ? "requests not in the trace" : `${tl.requests.length} requests`) +
+    ` · ${tl.mode_changes.length} mode switches`;
 }
 
 export function showReplay(obj, name, board) {

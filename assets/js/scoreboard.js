@@ -145,7 +145,21 @@ function boardHtml(b, live) {
       ROWS.map(r => `<td>${cell(r, b.modes[m] || {})}</td>`).join("") + `</tr>`).join("") +
     `<tr class="bs-ratio-row"><th scope="row">async vs sync</th>` + ROWS.map(r => `<td class="bs-ratio">${ratioHtml(r.key, b)}</td>`).join("") +
     `</tr></tbody></table>`;
-  return headlineHtml(live) + table + strip + verdictHtml(b.compare) + forecastHtml(b, live) + rankTableHtml(currentData());
+  return headlineHtml(live) + traceNotesHtml(live) + table + strip + verdictHtml(b.compare) + forecastHtml(b, live) +
+    rankTableHtml(currentData());
+}
+
+// An imported trace: what it under-records (said before any figure is read), and the import's other notes.
+function traceNotesHtml(live) {
+  const src = ((currentData() || {}).meta || {}).source;
+  if (live || !src) return "";
+  const under = src.under_recorded || [], notes = src.notes || [];
+  if (!under.length && !notes.length) return "";
+  const list = xs => xs.map(n => `<li>${esc(n)}</li>`).join("");
+  return `<div class="bs-trace-notes" id="bs-trace-notes" data-under="${under.length}">` +
+    (under.length ? `<b>The trace under-records:</b><ul class="bs-under">${list(under)}</ul>` : "") +
+    (notes.length ? `<details><summary>${notes.length} note${notes.length > 1 ? "s" : ""} from the import</summary>` +
+                    `<ul>${list(notes)}</ul></details>` : "") + `</div>`;
 }
 
 // An imported trace's headline: what the device did over the steps' window (the union of its ops), the steps'

@@ -13,6 +13,7 @@ from ..export import build_timeline, created_now
 from ..records import mode_record
 from ..summary import summarize
 from .analysis import FileAnalysis
+from .coverage import under_recorded
 from .engines import device_name, vendor
 from .headline import device_shares, lane_idle, lead_with_device, put_shares, rank_table, unknown_is_none
 from .ranks import clock_shifts
@@ -53,6 +54,8 @@ def build(analyses: list[FileAnalysis], ranks: list[int], keep_kernels: bool = F
     lead_with_device(summary)
     unknown_is_none(summary, meta["source"]["unknown"])
     rank_table(summary, figures["devices"])
+    if not ref.host_basis:
+        meta["source"]["under_recorded"] = under_recorded(tables, summary["steps"])
     tl = build_timeline(meta, steps, [], [], _mode_changes(steps), summary, rank_steps)
     if keep_kernels:
         tl["kernels"] = [kernel_spans(analyses[m["_file"]], m["_lane"], local[m["_file"]], m["rank"])
