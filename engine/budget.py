@@ -70,8 +70,10 @@ class StepTimeModel:
 
     def __init__(self):
         self.buckets: dict[int, list[float]] = {}   # tokens.bit_length() -> [mean tokens, mean ms, steps]
-        self.decode_ms: float | None = None         # recent decode-only steps
-        self.decode_seen_at = -DECODE_STALE_STEPS - 1
+        # decode-only steps by rows.bit_length() -> [mean ms, the step count when last seen]: a decode step's
+        # time grows with its rows and their context, so 2 rows say little about 32
+        self.decodes: dict[int, list[float]] = {}
+        self.decode_ms: float | None = None         # the latest decode-only steps' mean, whatever their rows
         self.steps = 0
         self._line: tuple[float, float] | None = None
         self._dirty = False
@@ -88,8 +90,12 @@ class StepTimeModel:
             cell[1] += EMA * (ms - cell[1])
             cell[2] += 1
         if decode_only:
-            self.decode_ms = ms if self.decode_ms is None else self.decode_ms + EMA * (ms - self.decode_ms)
-            self.decode_seen_at = self.steps
+            rows = self.decodes.get(tokens.bit_length())
+            if rows is None:
+                rows = self.decodes[tokens.bit_length()] = [ms, self.steps]
+            rows[0] += EMA * (ms - rows[0])
+            rows[1] = self.steps
+            self.decode_ms = rows[0]
         self._dirty = True
 
     def line(self) -> tuple[float, float] | None:
@@ -105,9 +111,11 @@ class StepTimeModel:
         return None if fit is None else fit[0] + fit[1] * tokens
 
     def decode_step_ms(self, decoding: int) -> float | None:
-        """What a step of `decoding` one-token rows costs now: the recent decode-only steps, else the line."""
-        if self.decode_ms is not None and self.steps - self.decode_seen_at <= DECODE_STALE_STEPS:
-            return self.decode_ms
+        """What a step of `decoding` one-token rows costs now: recent decode-only steps of about as many rows
+        (same power-of-two bucket), else the line (a prefill backlog leaves few decode-only steps to learn from)."""
+        rows = self.decodes.get(decoding.bit_length())
+        if rows is not None and self.steps - rows[1] <= DECODE_STALE_STEPS:
+            return rows[0]
         return self.predict(decoding)
 
     def describe(self) -> dict:
@@ -115,6 +123,8 @@ class StepTimeModel:
         return {"intercept_ms": round(fit[0], 4) if fit else None,
                 "ms_per_token": round(fit[1], 6) if fit else None,
                 "decode_ms": round(self.decode_ms, 4) if self.decode_ms is not None else None,
+                "decode_ms_by_rows": [{"rows_up_to": 2 ** k - 1, "ms": round(v[0], 4)}
+                                      for k, v in sorted(self.decodes.items())],
                 "steps_seen": self.steps,
                 "buckets": [{"tokens": round(c[0], 1), "ms": round(c[1], 4), "steps": c[2]}
                             for _k, c in sorted(self.buckets.items())]}
@@ -142,6 +152,7 @@ class StepBudget:
         self.fixed_tokens = fixed_tokens
         self.max_tokens = fixed_tokens or max_tokens          # the most any step may carry (buffers are this big)
         self.decode_max_tokens = self.max_tokens              # the most a step with decodes may carry (graphs)
+        self.graph_tokens: list[int] = []                     # the mixed-step graphs' token buckets
         self.itl_target_ms = itl_target_ms
         self.model = StepTimeModel()
         self.last: Budget | None = None
@@ -153,10 +164,13 @@ class StepBudget:
     def adaptive(self) -> bool:
         return self.fixed_tokens is None
 
-    def limit_decode_steps(self, tokens: int) -> None:
-        """Steps that carry decodes stay within `tokens` (the largest mixed-step graph): an eager step among
-        decodes costs the host a launch per op, which no ITL target survives."""
-        self.decode_max_tokens = max(1, min(self.max_tokens, tokens))
+    def limit_decode_steps(self, graph_tokens: list[int]) -> None:
+        """Steps that carry decodes stay within the largest mixed-step graph (an eager step among decodes costs
+        the host a launch per op, which no ITL target survives), and their budget ends on a graph's bucket: a
+        step of 257 tokens replays the 320-token graph and costs what 320 tokens do."""
+        self.graph_tokens = sorted(t for t in graph_tokens if t <= self.max_tokens)
+        if self.graph_tokens:
+            self.decode_max_tokens = self.graph_tokens[-1]
         self.publish()
 
     def choose(self, decoding: int, prefill_waiting: int, decode_left: float) -> Budget:
@@ -185,7 +199,9 @@ class StepBudget:
             # prefill first, eagerly past the graphs: such a step is compute-bound, its launch hides behind it
             return Budget(max(self.max_tokens, decoding), "decode_target", largest)
         chunk = int((target - decode_ms) / per_token + 1e-9)
-        return Budget(max(decoding + MIN_CHUNK, min(cap, decoding + chunk)), "decode_target", target)
+        tokens = max(decoding + MIN_CHUNK, min(cap, decoding + chunk))
+        snapped = [t for t in self.graph_tokens if decoding + MIN_CHUNK <= t <= tokens]
+        return Budget(snapped[-1] if snapped else tokens, "decode_target", target)
 
     def observe(self, tokens: int, ms: float | None, decode_only: bool) -> None:
         """A consumed step's token count and device time (None when it could not be read)."""

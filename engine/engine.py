@@ -63,7 +63,7 @@ class Engine:
         self.allocator = BlockAllocator(num_blocks)
         budget = make_budget(config, self.device.type)
         if runner.graphs.mixed_buckets:     # steps that carry decodes stay within the mixed-step graphs
-            budget.limit_decode_steps(max(runner.graphs.mixed_buckets))
+            budget.limit_decode_steps(runner.graphs.mixed_buckets)
         scheduler = Scheduler(self.allocator, config.block_size, budget, config.max_running, self.max_model_len)
         self._core = EngineCore(scheduler, runner, self.eos_token_ids, self._detokenize, self._stop_at)
         self._core.requested_mode = config.mode

@@ -74,13 +74,33 @@ def test_prefill_outweighing_the_decodes_left_opens_the_step_to_the_largest():
 
 def test_steps_that_carry_decodes_stay_within_the_mixed_graphs_and_always_move_prefill_on():
     budget = _taught(StepBudget(None, 8192))
-    budget.limit_decode_steps(2048)
-    assert budget.choose(32, 600, 300.0).tokens <= 2048
+    budget.limit_decode_steps([32, 64, 128, 256, 320, 384, 2048])
+    assert budget.choose(32, 600, 300.0).tokens in (256, 320, 384)    # ends on a graph's bucket
     assert budget.choose(2, 120_000, 60.0).tokens == 8192    # prefill first: compute-bound, eager is fine
     budget.itl_target_ms = 1000.0                              # a target past the graphs: still within them
     assert budget.choose(32, 600, 300.0).tokens == 2048
     slow = _taught(StepBudget(None, 8192), base_ms=5.0, per_token=50.0)    # every token costs a decode step
     assert slow.choose(32, 600, 300.0).tokens >= 32 + MIN_CHUNK
+
+
+def test_a_decode_target_budget_ends_on_a_graph_bucket_so_no_step_pays_for_padding():
+    budget = _taught(StepBudget(None, 8192))
+    free = budget.choose(32, 500, 300.0).tokens                 # 32 + 232 = 264: would replay the 320 graph
+    budget.limit_decode_steps([32, 64, 128, 192, 256, 320, 2048])
+    assert free == pytest.approx(264, abs=1) and budget.choose(32, 500, 300.0).tokens == 256
+
+
+def test_the_decode_time_is_that_of_steps_with_as_many_rows():
+    model = StepTimeModel()
+    for _ in range(20):
+        model.observe(2, 4.5, decode_only=True)
+        model.observe(32, 8.3, decode_only=True)
+    assert model.decode_step_ms(2) == pytest.approx(4.5) and model.decode_step_ms(33) == pytest.approx(8.3)
+    model.observe(2048, 60.0, decode_only=False)
+    assert model.decode_step_ms(64) == pytest.approx(model.predict(64))     # no 64-row step seen: the line
+    for _ in range(70):                                                      # long without 2-row decode steps
+        model.observe(300, 12.0, decode_only=False)
+    assert model.decode_step_ms(2) == pytest.approx(model.predict(2))
 
 
 def test_the_model_weighs_each_token_bucket_once_not_each_step():
