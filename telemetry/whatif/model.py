@@ -1,0 +1,170 @@
+"""The step-time model of one recording: what a step of a given shape costs the device and each host phase, in
+each loop, fitted from the recording's own steps (docs/whatif.md).
+
+  device compute   C = c0 + c_prefill x prefill tokens + c_decode x decode rows + c_kv x KV tokens
+                       (+ c_eager on a GPU: a step that replays no CUDA graph)
+  schedule         c0 + c x requests in the step          fill     c0 + c x requests + c x tokens
+  update           c0 + c x sampled rows                  launch   c0 (+ c_eager on a GPU); on a CPU the step
+                                                                   computes inside its launch: launch = C
+  the loop's own time between phases, drawn from the recording: launch end -> wait start (sync: the traces'
+  delivery), update end -> next schedule start (async: the traces' delivery).
+On a GPU the device starts `lead` after the launch starts, and a blocked wait ends `tail` after the device.
+KV tokens are the step's allocated KV blocks times the block size (what every step record carries).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from batchscope.engine.budget import step_token_limits
+from batchscope.engine.config import MODES, EngineConfig
+from batchscope.engine.graphs import mixed_buckets
+
+from .fit import Fit, fit
+from .recording import Recording, WhatIfError
+
+DEVICE_FEATURES = ("one", "prefill_tokens", "decode_rows", "kv_tokens")
+HOST_FEATURES = {"schedule": ("one", "requests"), "fill": ("one", "requests", "tokens"),
+                 "update": ("one", "sampled"), "launch": ("one", "eager")}
+GAPS = ("launch_wait", "update_schedule")
+
+
+def _dur(span) -> float | None:
+    return span[1] - span[0] if span and span[0] is not None and span[1] is not None else None
+
+
+@dataclass
+class StepModel:
+    basis: str                                  # "gpu": device events; "host": the step computed on the CPU
+    device: Fit
+    host: dict[str, dict[str, Fit]]             # mode -> phase -> fit
+    gaps: dict[str, dict[str, list[float]]]     # mode -> gap -> recorded µs
+    host_from: dict[str, str]                   # mode -> the recorded mode its host figures come from
+    lead_us: dict[bool, float] = field(default_factory=dict)    # eager? -> device start after launch start
+    tail_us: float = 0.0                        # a blocked wait ends this long after the device's end
+    wait_us: float = 0.0                        # a wait that finds the step done takes this long
+    cuda_graphs: bool = False
+
+    def graphed(self, config: EngineConfig, decode_only: bool, tokens: int) -> bool:
+        """Whether such a step replays a CUDA graph under `config` (graphs.py's choice, by its largest bucket)."""
+        if not self.cuda_graphs or self.basis != "gpu":
+            return False
+        if decode_only:
+            return True
+        buckets = mixed_buckets(step_token_limits(config, "cuda")[1]) if config.mixed_graphs else []
+        return bool(buckets) and tokens <= max(buckets)
+
+    def as_dict(self) -> dict:
+        return {"basis": self.basis, "device_compute": self.device.as_dict(),
+                "host": {m: {p: f.as_dict() for p, f in phases.items()} for m, phases in self.host.items()},
+                "host_from": dict(self.host_from),
+                "loop_gaps_us": {m: {g: _median(v) for g, v in gaps.items()} for m, gaps in self.gaps.items()},
+                "lead_us": {("eager" if k else "graphed"): round(v, 3) for k, v in self.lead_us.items()},
+                "tail_us": round(self.tail_us, 3), "wait_us": round(self.wait_us, 3)}
+
+
+def step_rows(rec: Recording, steps: list[dict], cuda_graphs: bool) -> list[dict]:
+    """One row of shape and durations (µs) per timed step."""
+    rows = []
+    for s in steps:
+        cpu = s.get("cpu") or {}
+        prefill, decode = int(s.get("prefill_tokens") or 0), int(s.get("decode_tokens") or 0)
+        row = {"step": s["step"], "mode": s["mode"], "prefill_tokens": prefill, "decode_rows": decode,
+               "tokens": prefill + decode, "requests": int(s.get("num_requests") or 0),
+               "sampled": int(s.get("sampled", s.get("num_requests")) or 0),
+               "kv_tokens": int(s.get("kv_blocks_used") or 0) * rec.block_size,
+               "compute": _dur(s["compute_us"]), "compute_us": s["compute_us"],
+               "eager": float(s.get("compute_basis") == "gpu" and not (cuda_graphs and prefill == 0)
+                              and not _mixed_graphed(rec, prefill + decode, cuda_graphs))}
+        for phase in ("schedule", "fill", "launch", "wait", "update"):
+            row[phase] = _dur(cpu.get(phase))
+            row[phase + "_span"] = cpu.get(phase)
+        row["empty_queue"] = float((s.get("idle_by_cause_us") or {}).get("empty_queue", 0.0))
+        rows.append(row)
+    return rows
+
+
+def _mixed_graphed(rec: Recording, tokens: int, cuda_graphs: bool) -> bool:
+    buckets = rec.info.get("mixed_graph_tokens") or []
+    return cuda_graphs and bool(buckets) and tokens <= max(buckets)
+
+
+def build(rec: Recording) -> StepModel:
+    steps = [s for seg in rec.segments.values() for s in seg.steps]
+    bases = {s.get("compute_basis") for s in steps}
+    basis = "gpu" if bases & {"gpu", "gpu_wait"} else "host"
+    cuda_graphs = bool(rec.info.get("cuda_graphs")) and basis == "gpu"
+    rows = step_rows(rec, steps, cuda_graphs)
+    if len(rows) < 3:
+        raise WhatIfError(f"{rec.name}: fewer than three timed steps while the load ran: no step time to fit")
+    names = DEVICE_FEATURES + (("eager",) if basis == "gpu" else ())
+    device = fit(rows, names, "compute")
+    host, gaps = {}, {}
+    for mode in MODES:
+        mine = [r for r in rows if r["mode"] == mode]
+        if len(mine) >= 3:
+            host[mode] = {p: f for p, names_ in HOST_FEATURES.items()
+                          if (p != "launch" or basis == "gpu") and (f := fit(mine, names_, p)) is not None}
+            gaps[mode] = _gaps(mine)
+    if not host:
+        raise WhatIfError(f"{rec.name}: no loop ran three timed steps: no host phases to fit")
+    host_from = {m: m for m in host}
+    for mode in MODES:
+        if mode not in host:
+            other = next(iter(host))
+            host[mode], host_from[mode] = host[other], other
+            gaps[mode] = _moved_gaps(gaps[other], other)
+    model = StepModel(basis, device, host, gaps, host_from, cuda_graphs=cuda_graphs)
+    if basis == "gpu":
+        _device_timing(model, rows)
+    else:
+        model.wait_us = _median([r["wait"] for r in rows if r["wait"] is not None]) or 0.0
+    return model
+
+
+def _gaps(rows: list[dict]) -> dict[str, list[float]]:
+    """The loop's own time between phases, from the host spans in time order (gaps before an idle engine's next
+    step are left out: those waited for a request, not for the loop)."""
+    spans = sorted(((r[p + "_span"][0], r[p + "_span"][1], p, r) for r in rows for p in ("schedule", "launch",
+                                                                                           "wait", "update")
+                    if r.get(p + "_span")), key=lambda t: t[0])
+    out: dict[str, list[float]] = {g: [] for g in GAPS}
+    for (_s0, e0, p0, _r0), (s1, _e1, p1, r1) in zip(spans, spans[1:]):
+        if p0 == "launch" and p1 == "wait":
+            out["launch_wait"].append(max(0.0, s1 - e0))
+        elif p0 == "update" and p1 == "schedule" and not r1["empty_queue"]:
+            out["update_schedule"].append(max(0.0, s1 - e0))
+    return {g: v or [0.0] for g, v in out.items()}
+
+
+def _moved_gaps(gaps: dict[str, list[float]], recorded: str) -> dict[str, list[float]]:
+    """The other loop's gaps: the traces' delivery moves from after the launch (sync) to after the update
+    (async), the loop's bookkeeping stays after the update (docs/whatif.md)."""
+    if recorded == "sync":
+        both = [a + b for a, b in zip(gaps["launch_wait"], gaps["update_schedule"])] or [0.0]
+        return {"launch_wait": [0.0], "update_schedule": both}
+    return {"launch_wait": list(gaps["update_schedule"]), "update_schedule": list(gaps["launch_wait"])}
+
+
+def _device_timing(model: StepModel, rows: list[dict]) -> None:
+    for eager in (False, True):
+        leads = [r["compute_us"][0] - r["launch_span"][0] for r in rows
+                 if r.get("launch_span") and bool(r["eager"]) == eager]
+        if leads:
+            model.lead_us[eager] = max(0.0, _median(leads))
+    if model.lead_us:
+        for eager in (False, True):
+            model.lead_us.setdefault(eager, model.lead_us[not eager])
+    else:
+        model.lead_us = {False: 0.0, True: 0.0}
+    blocked = [r["wait_span"][1] - r["compute_us"][1] for r in rows
+               if r.get("wait_span") and r["wait_span"][0] < r["compute_us"][1] <= r["wait_span"][1]]
+    free = [r["wait"] for r in rows if r.get("wait_span") and r["wait_span"][0] >= r["compute_us"][1]]
+    model.tail_us = _median(blocked) or 0.0
+    # a wait that found its step done: none recorded (every sync wait blocks) -> no longer than a blocked one's tail
+    model.wait_us = _median(free) or model.tail_us
+
+
+def _median(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    return round(statistics.median(vals), 3) if vals else None
