@@ -164,13 +164,17 @@ class StepBudget:
     def adaptive(self) -> bool:
         return self.fixed_tokens is None
 
-    def limit_decode_steps(self, graph_tokens: list[int]) -> None:
+    def limit_decode_steps(self, graph_tokens: list[int] | int) -> None:
         """Steps that carry decodes stay within the largest mixed-step graph (an eager step among decodes costs
-        the host a launch per op, which no ITL target survives), and their budget ends on a graph's bucket: a
-        step of 257 tokens replays the 320-token graph and costs what 320 tokens do."""
-        self.graph_tokens = sorted(t for t in graph_tokens if t <= self.max_tokens)
-        if self.graph_tokens:
-            self.decode_max_tokens = self.graph_tokens[-1]
+        the host a launch per op, which no ITL target survives). Given the graphs' token buckets, their budget
+        also ends on one: a step of 257 tokens replays the 320-token graph and costs what 320 tokens do. Given one
+        number, it is only the cap."""
+        if isinstance(graph_tokens, int):
+            self.decode_max_tokens = max(1, min(self.max_tokens, graph_tokens))
+        else:
+            self.graph_tokens = sorted(t for t in graph_tokens if t <= self.max_tokens)
+            if self.graph_tokens:
+                self.decode_max_tokens = self.graph_tokens[-1]
         self.publish()
 
     def choose(self, decoding: int, prefill_waiting: int, decode_left: float) -> Budget:

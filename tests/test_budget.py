@@ -79,6 +79,11 @@ def test_steps_that_carry_decodes_stay_within_the_mixed_graphs_and_always_move_p
     assert budget.choose(2, 120_000, 60.0).tokens == 8192    # prefill first: compute-bound, eager is fine
     budget.itl_target_ms = 1000.0                              # a target past the graphs: still within them
     assert budget.choose(32, 600, 300.0).tokens == 2048
+    capped = _taught(StepBudget(None, 8192))
+    capped.limit_decode_steps(300)                               # a cap alone: no bucket to end on
+    assert capped.choose(32, 600, 300.0).tokens == pytest.approx(264, abs=1)
+    capped.itl_target_ms = 1000.0
+    assert capped.choose(32, 600, 300.0).tokens == 300
     slow = _taught(StepBudget(None, 8192), base_ms=5.0, per_token=50.0)    # every token costs a decode step
     assert slow.choose(32, 600, 300.0).tokens >= 32 + MIN_CHUNK
 
