@@ -87,7 +87,7 @@ def test_idle_inside_a_step_is_labelled_as_inside_it():
     hover = (JS / "gantt_hover.js").read_text()
     assert re.search(r"s\.gpu_idle_inside_us > 0\s*\? `<br>GPU idle inside the step: ", hover)
     assert "s.idle_inside_by_cause_us" in hover and "causeLabel(c)" in hover
-    gantt = (JS / "gantt.js").read_text()
+    gantt = (JS / "gantt.js").read_text() + (JS / "gantt_inside.js").read_text()
     assert 'id="bs-legend-inside"' in gantt and "<b>GPU idle inside steps</b>" in gantt
     assert "s.idle_inside_by_cause_us" in gantt and "setInsideLegend(g.ink.inside)" in gantt
     assert "GPU idle before a step, by cause" in gantt      # the lane's own legend says which idle it draws

@@ -5,7 +5,8 @@
  * redraw scheduler can spread a picture over several turns of the event loop. The rates are re-binned to the
  * window: a fixed number of points across it, each the average over a window of at least four steps, so a
  * zoom narrower than a step still shows the local busy % and tokens/s instead of an empty chart. */
-import { dataExtent, notInTrace, samplesAround, shownBoard, state, stepRange, stepsAround, tensorParallel } from "./feed.js";
+import { dataExtent, samplesAround, shownBoard, state, stepRange, stepsAround, tensorParallel } from "./feed.js";
+import { notInTrace } from "./unknown.js";
 import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, chartMargin, draw, fontPx, modeRuns, modeShapes, presentHeight,
   titled, warmupShapes } from "./plot.js";
 import { $ } from "./util.js";

@@ -1,7 +1,8 @@
 /* The toolbar above the charts: pause and window width, downloads, named recordings, loading a replay, and
  * the replay bar. It builds the chart containers too (#bs-gantt, #bs-c-*), inside #bs-scope. */
 import { api, withToken } from "./api.js";
-import { followLive, normalise, notInTrace, replayRange, state, tensorParallel } from "./feed.js";
+import { followLive, normalise, replayRange, state, tensorParallel } from "./feed.js";
+import { notInTrace } from "./unknown.js";
 import { setConn } from "./header.js";
 import { $, note, setText } from "./util.js";
 import { mountProfile } from "./profile.js";

@@ -433,18 +433,6 @@ export function shownBoard() {
   return state.view.source === "replay" ? state.view.replayBoard : state.board;
 }
 
-// An imported trace's meta.source.unknown lists the fields the trace does not hold (request counts, tokens, KV,
-// queue): the page shows them as NOT_IN_TRACE, never as 0. Empty for batchscope's own recordings.
-export const NOT_IN_TRACE = "–, not in the trace";
-
-export function notInTrace(d) {
-  const src = d && d.meta && d.meta.source;
-  return new Set(src && Array.isArray(src.unknown) ? src.unknown : []);
-}
-
-// Whether the data is an imported profiler trace (its busy % is the device's ops, not CUDA-event spans).
-export const imported = d => !!(d && d.meta && d.meta.source);
-
 export function currentData() {
   const { view, store } = state;
   if (view.source === "replay" && view.replay) return view.replay;

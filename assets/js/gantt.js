@@ -13,6 +13,7 @@ import { addSpan, coverage, paintInk, rgb } from "./ink.js";
 import { causeHint, causeLabel } from "./names.js";
 import { COLOR, GPU, HOST, LANES, NO_WORK, baseLayout, causeColor, draw, fontPx, ganttLanes, modeRuns, modeShapes,
   moveRange, presentHeight, rankLaneKey, textScale, warmupShapes } from "./plot.js";
+import { insideInk, setInsideLegend } from "./gantt_inside.js";
 import { PHASE_COLOR } from "./tail.js";
 import { $, esc } from "./util.js";
 
@@ -205,25 +206,6 @@ function rank0Ink(ink, steps) {
   for (const r of modeRuns(steps)) add(r.mode, r.lo, r.hi);
 }
 
-// An imported step's idle inside its compute span: each kept stretch where it was, the rest spread evenly over
-// the span (its share of the time is right at any zoom, only its place inside the step is not), taken out of
-// the compute bar so that the bar's ink is what the device ran, and (rank 0, which has the idle lane) drawn
-// there by its cause.
-function insideInk(ink, s, computeKey, onIdleLane) {
-  const span = s._cs;
-  if (!span || !(span[1] > span[0])) return;
-  const idle = (c, a, b, w) => {
-    ink.addW(computeKey, a, b, -w);
-    if (!onIdleLane) return;
-    ink.causes.add(c);
-    ink.addW("idle: " + c, a, b, w);
-    ink.inside.drawn += w * (b - a);
-  };
-  for (const [a, b, c] of s.idle_inside_stretches || []) idle(c, a, b, 1);
-  const len = span[1] - span[0];
-  for (const [c, us] of Object.entries(s.idle_inside_spread_us || {})) idle(c, span[0], span[1], us / len);
-}
-
 // Another rank: its own spans of the steps rank 0 planned (a step's counts are in rank 0's record).
 function rankInk(ink, r, records) {
   const arKey = rankLaneKey(r.rank, "allreduce"), steps = ink.steps;
@@ -373,24 +355,6 @@ function setRankLegend(tp, steps) {
 }
 
 const fmtUs = us => (us >= 1000 ? (us / 1000).toFixed(2) + " ms" : (+us).toFixed(us < 10 ? 1 : 0) + " µs");
-
-// Idle inside steps (an imported trace's launch-bound stretches between kernels) is not on the idle lane, which
-// draws the gaps before steps: the legend says how much there is in view and what it was, the hover per step.
-const INSIDE_CAUSES_SHOWN = 3;
-
-function setInsideLegend(inside) {
-  const el = $("bs-legend-inside");
-  if (!el) return;
-  const on = inside.us > 0;
-  if (el.hidden === on) el.hidden = !on;
-  if (!on) return;
-  const top = Object.entries(inside.byCause).sort((a, b) => b[1] - a[1]).slice(0, INSIDE_CAUSES_SHOWN);
-  const html = `<b>GPU idle inside steps</b> ${esc(fmtUs(inside.us))} in view` + (top.length ? ": " : "") +
-    top.map(([c, us]) => `<span class="bs-li" title="${esc(causeHint(c) || c)}"><i style="background:${causeColor(c)}"></i>` +
-                         `${esc(causeLabel(c))} ${esc(fmtUs(us))}</span>`).join(", ") +
-    ` <span style="color:#64748b">(drawn on the idle lane by cause, and left out of the compute bar)</span>`;
-  if (el.innerHTML !== html) el.innerHTML = html;
-}
 
 function setCauseLegend(causes) {
   const el = $("bs-causes");

@@ -8,9 +8,10 @@
  *   api.js       HTTP and the websocket          feed.js    the state object, records, what to draw
  *   header.js    mode, counters, status line     controls.js toolbar, recordings, replay
  *   redraw.js    when to draw, in slices         view.js    Pause and the window buttons
- *   plot.js      colours, lanes, layout, zoom    gantt.js   the Gantt (ink.js, gantt_hover.js)
+ *   plot.js      colours, lanes, layout, zoom    gantt.js   the Gantt (ink.js, gantt_hover.js, gantt_inside.js)
  *   charts.js    the small charts                still.js   no animation frames for Gradio's lost trackers
  *   tail.js      the slowest requests, one request's waits on the Gantt
+ *   scoreboard.js the board (ranks.js: an imported trace's rank table; unknown.js: what a trace does not hold)
  *
  * After each picture the page fires a "bs-picture" event on document (detail: {lo, hi, steps}), for any part
  * of the page that follows the window shown.

@@ -4,7 +4,8 @@
  *
  * The verdict is the board's: ratios only from matched decode steps, with their 90% interval and n, "within
  * noise" when the interval holds 1, nothing before enough steps. Large type: it is what a room reads. */
-import { currentData, NOT_IN_TRACE, notInTrace, shownBoard, state } from "./feed.js";
+import { currentData, shownBoard, state } from "./feed.js";
+import { NOT_IN_TRACE, notInTrace } from "./unknown.js";
 import { rankTableHtml } from "./ranks.js";
 import { causeLabel } from "./names.js";
 import { $, esc } from "./util.js";
