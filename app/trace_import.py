@@ -143,7 +143,7 @@ def _busy(summary: dict) -> str:
         return f"  busy: {summary['busy_pct']:.1f}% (the steps' compute spans)"
     line = f"  busy: {summary['busy_pct']:.1f}% (device ops: what the device ran over the steps' window)"
     if summary.get("busy_pct_steps") is not None:
-        line += f"; {summary['busy_pct_steps']:.1f}% by the steps' compute spans (between steps only)"
+        line += f"; {summary['busy_pct_steps']:.1f}% by the steps' compute spans (they see idle between steps only)"
     return line
 
 

@@ -83,8 +83,8 @@ def stretch_figures(runs, nvml=()) -> dict:
     """One mode's figures over its stretches (each a list of consecutive steps of that mode):
     busy % and tokens/s over the working time; decode tokens/s, the tokens of steps without prefill over their
     own periods (steady decoding, whatever the arrivals did); for an imported trace's steps busy % is the device's
-    (their `device_ops_us` shares, basis "device_ops") and the compute spans' figure is `busy_pct_steps`; ms/step (run_periods, p50 as `ms_per_step`);
-    GPU idle per step (the gap before each step but a stretch's first, whose gap spans the switch; empty-queue
+    (their `device_ops_us` shares, basis "device_ops") and the compute spans' figure is `busy_pct_steps`;
+    ms/step (run_periods, p50 as `ms_per_step`); GPU idle per step (the gap before each step but a stretch's first, whose gap spans the switch; empty-queue
     parts excluded) split by cause, and NVML (or host CPU) means over the stretches' windows."""
     work_us = busy_us = span_busy_us = decode_ms = 0.0
     periods, idle, windows, steps, device_runs = [], [], [], 0, 0

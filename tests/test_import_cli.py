@@ -88,7 +88,7 @@ def test_import_keeps_kernels_and_writes_a_gzipped_output(tmp_path, capsys):
     summary = tl["summary"]                            # the device's figure leads, the steps' one beside it
     assert summary["busy_basis"] == "device_ops" and summary["busy_pct"] == summary["busy_pct_device_ops"]
     assert f"busy: {summary['busy_pct']:.1f}% (device ops" in out
-    assert f"{summary['busy_pct_steps']:.1f}% by the steps' compute spans (between steps only)" in out
+    assert f"{summary['busy_pct_steps']:.1f}% by the steps' compute spans (they see idle between steps only)" in out
     assert not (tmp_path / "dp0_rank0.timeline.json").exists()   # -o, not the default name
 
 

@@ -137,8 +137,8 @@ def header_html(state) -> str:
         ("busy (events)" if b["nvml"] else "busy (host)", "bs-st-busy", busy_title, ""),
         (*cpu, f' title="{e(CPU_STAT_TITLE)}"' if not b["nvml"] else "", " bs-minor"),
         ("out tok/s", "bs-st-tps", busy_title, ""), ("TTFT p50", "bs-st-ttft", "", " bs-minor")))
-        if live else replay_stats + '<span class="bs-stat">replay of a recorded timeline: no model loaded, live controls '
-        'off</span>')
+        if live else replay_stats + '<span class="bs-stat">replay of a recorded timeline: no model loaded, live '
+        'controls off</span>')
     replay = getattr(state, "replay", None)
     if not live and replay:
         nvml_value, nvml_note = recorded_nvml(replay)
@@ -151,11 +151,12 @@ def header_html(state) -> str:
         why = WHY_IMPORT
     reason = f' <span id="bs-nvml-note" class="bs-reason">({e(nvml_note)})</span>' if nvml_note else \
         '<span id="bs-nvml-note" class="bs-reason"></span>'
+    stats_class = "" if live else " bs-replay-stats"
     return f"""
 <div class="bs-header">
   <div class="bs-brand">batchscope<span class="bs-sub">continuous batching, sync vs async</span></div>
   <div class="bs-modebox">{mode_box}</div>
-  <div class="bs-stats{"" if live else " bs-replay-stats"}">{stats}<span id="bs-dropped" class="bs-dropped"></span></div>
+  <div class="bs-stats{stats_class}">{stats}<span id="bs-dropped" class="bs-dropped"></span></div>
 </div>
 <div class="bs-statusline">
   <span>model <b id="bs-model">{e(b["model"])}</b></span>
