@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import islice
 
 from .budget import Budget, StepBudget
 from .kv_cache import BlockAllocator
@@ -138,7 +139,7 @@ class Scheduler:
                 left += max(0, req.params.max_new_tokens - len(req.output_ids) - req.pending)
             else:
                 prefill += todo
-        for req in list(self.queue)[:max(0, self.max_running - len(self.running))]:
+        for req in islice(self.queue, max(0, self.max_running - len(self.running))):
             prefill += req.total_len - req.num_computed
         return self.budget.choose(decoding, prefill, left / decoding if decoding else 0.0)
 

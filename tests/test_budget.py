@@ -194,3 +194,59 @@ def test_the_budget_reaches_the_step_records_the_schema_and_the_engine_info():
     finally:
         tel.close()
         eng.close()
+
+
+class _Recorder(StepBudget):
+    """An adaptive budget that remembers what the scheduler asked it with."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.asked: list[tuple[int, int, float]] = []
+
+    def choose(self, decoding, prefill_waiting, decode_left):
+        self.asked.append((decoding, prefill_waiting, decode_left))
+        return super().choose(decoding, prefill_waiting, decode_left)
+
+
+def test_the_scheduler_weighs_decodes_waiting_prompts_and_what_decodes_have_left():
+    from batchscope.engine.kv_cache import BlockAllocator
+    from batchscope.engine.request import Request
+    from batchscope.engine.scheduler import Scheduler
+
+    budget = _Recorder(None, 64)
+    sched = Scheduler(BlockAllocator(64), 16, budget, 2, 4096)      # room for two running requests
+    params = SamplingParams(max_new_tokens=10, ignore_eos=True)
+    for rid, n in (("a", 20), ("b", 30), ("c", 40)):
+        sched.add(Request(rid, list(range(3, 3 + n)), params, seed=0))
+    plan = sched.schedule(0, None)
+    # nothing decodes yet; a and b fit max_running, c waits behind them and is not counted
+    assert budget.asked[-1] == (0, 50, 0.0) and plan.budget.as_dict() == {"tokens": 64, "reason": "no_decode"}
+    for seq in plan.sampled:                  # sync: both tokens known
+        seq.req.pending -= 1
+        seq.req.output_ids.append(7)
+    sched.schedule(1, None)
+    # both decode now, 9 tokens left each; no room to admit c, so no prefill counts
+    assert budget.asked[-1] == (2, 0, 9.0)
+
+
+def test_serve_and_bench_refuse_a_bad_itl_target_in_one_line(capsys):
+    from batchscope.app import cli
+    from batchscope.app.bench.options import build_parser, complete, engine_budget, settle_workload
+
+    assert cli.main(["serve", "--model", "tiny-random", "--itl-target-ms", "0"]) == 2
+    assert "itl_target_ms must be a positive number" in capsys.readouterr().err
+    assert cli.main(["serve", "--model", "tiny-random", "--max-batch-tokens", "256", "--itl-target-ms", "10"]) == 2
+    assert "fixed max_batch_tokens takes neither" in capsys.readouterr().err
+    parse = build_parser().parse_args
+    assert engine_budget(parse(["--max-batch-tokens", "adaptive"]).max_batch_tokens, 512) is None
+    assert engine_budget(parse(["--max-batch-tokens", "300"]).max_batch_tokens, 512) == 300
+    assert engine_budget(parse([]).max_batch_tokens, 512) == 512
+    with pytest.raises(ValueError, match="uniform workload's default is fixed"):
+        settle_workload(complete(parse(["--itl-target-ms", "20"])))
+    settle_workload(complete(parse(["--itl-target-ms", "20", "--max-batch-tokens", "adaptive"])))
+    served = ["--workload", "served", "--rate", "2", "--itl-target-ms", "20"]
+    settle_workload(complete(parse(served)))
+    with pytest.raises(ValueError, match="takes no fixed"):
+        settle_workload(complete(parse(served + ["--max-batch-tokens", "256"])))
+    with pytest.raises(SystemExit):
+        parse(["--max-batch-tokens", "lots"])
