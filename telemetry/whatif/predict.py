@@ -32,8 +32,11 @@ def predict(rec: Recording, settings: dict, runs: int = RUNS) -> dict:
         replayed = _simulate(model, base, seg.mode, seg.load, 1.0, rec, runs)
         unchanged = mode == seg.mode and config == base and rate == 1.0
         predicted = replayed if unchanged else _simulate(model, config, mode, seg.load, rate, rec, runs)
-        entry = {"recorded": recorded, "predicted": predicted,
-                 "replayed": {**replayed, "error_pct": error_pct(replayed, recorded)}}
+        replay_error = error_pct(replayed, recorded)
+        if predicted is replayed:
+            predicted = dict(replayed)
+        predicted["interval"] = _widened(predicted, replay_error)
+        entry = {"recorded": recorded, "predicted": predicted, "replayed": {**replayed, "error_pct": replay_error}}
         if seg.mode == "sync" and mode == "async":
             entry["forecast"] = _forecast_check(seg.steps, predicted)
         out["modes"][mode] = entry
@@ -56,6 +59,31 @@ def _simulate(model: StepModel, config, mode: str, load, rate: float, rec: Recor
     point["unfinished_requests"] = first.unfinished
     point["budgets"] = _budgets(first.steps)
     return point
+
+
+def _widened(point: dict, replay_error: dict) -> dict:
+    """The runs' range, widened by the model's own error on the recording (each figure by its replay error):
+    the spread of the step times and the model's bias on what it was fitted on, together."""
+    interval = {"low": {}, "high": {}, "runs": point["interval"]["runs"],
+                "basis": "min/max over the runs, widened by the replay error of each figure"}
+    for name in HEADLINE:
+        p, err = point.get(name), replay_error.get(name)
+        for side, how in (("low", min), ("high", max)):
+            drawn = point["interval"][side].get(name)
+            if isinstance(p, dict):
+                interval[side][name] = {q: _band(p.get(q), (drawn or {}).get(q), (err or {}).get(q), how)
+                                        for q in ("p50", "p90", "p99")}
+            else:
+                interval[side][name] = _band(p, drawn, err, how)
+    return interval
+
+
+def _band(p, drawn, err, how):
+    if p is None:
+        return None
+    edge = p * (1 - abs(err) / 100.0) if how is min else p * (1 + abs(err) / 100.0)
+    values = [v for v in (drawn, edge if err is not None else None, p) if v is not None]
+    return round(how(values), 3)
 
 
 def _combine(each: list[dict], how, names=None) -> dict:

@@ -1,0 +1,94 @@
+"""A what-if run for real: an Engine started in this process with the recording's model and settings plus the
+changes, the recorded load replayed at its (scaled) arrival times with the same prompt and output lengths (EOS
+ignored, greedy, seeded prompts), recorded by telemetry like any run, and the same figures computed from it.
+
+`run_load` is also how a test or a script records a load to ask a what-if of."""
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+
+from batchscope.engine.config import EngineConfig, SamplingParams
+
+from ..session import Telemetry
+from .figures import figures
+from .recording import LoadItem, WhatIfError, from_timeline
+
+WARMUP_REQUESTS = 4         # the first steps of a process run slower (allocations, first kernels): not measured
+TIMEOUT_S = 600.0
+
+
+def run_load(config: EngineConfig, load: list[LoadItem], rate: float = 1.0, seed: int = 0,
+             timeout_s: float = TIMEOUT_S) -> dict:
+    """The batchscope.timeline/1 recording of `load` served by an Engine with `config`."""
+    from batchscope.engine.engine import Engine       # torch and the model load here
+
+    try:
+        engine = Engine(config)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise WhatIfError(f"cannot start the engine for the run: {exc}") from None
+    telemetry = Telemetry(engine, nvml_hz=10.0)
+    try:
+        vocab = int(engine.info.get("vocab_size") or 1000)
+        rng = random.Random(seed)
+        engine.generate([[rng.randrange(vocab) for _ in range(16)] for _ in range(WARMUP_REQUESTS)],
+                        SamplingParams(max_new_tokens=4, ignore_eos=True))
+        prompts = [[rng.randrange(vocab) for _ in range(item.prompt_tokens)] for item in load]
+        telemetry.start_recording("whatif")
+        handles = _replay(engine, load, prompts, rate)
+        deadline = time.monotonic() + timeout_s
+        for handle in handles:
+            handle.result(timeout=max(1.0, deadline - time.monotonic()))
+        telemetry.stop_recording()
+        return telemetry.timeline("whatif")
+    except TimeoutError as exc:
+        raise WhatIfError(f"the run did not finish: {exc}") from None
+    finally:
+        telemetry.close()
+        engine.close()
+
+
+def _replay(engine, load: list[LoadItem], prompts: list[list[int]], rate: float) -> list:
+    """Submit each request at its arrival time, scaled by `rate`, from the first arrival on."""
+    t_first = load[0].arrival_us
+    start = time.perf_counter()
+    handles = []
+    for item, prompt in zip(load, prompts):
+        due = start + (item.arrival_us - t_first) / rate / 1e6
+        delay = due - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        params = SamplingParams(max_new_tokens=item.output_tokens, ignore_eos=True, temperature=0.0)
+        handles.append(engine.submit(prompt, params, stream=False))
+    return handles
+
+
+def measure(config: EngineConfig, mode: str, load: list[LoadItem], rate: float, recording_device: str) -> dict:
+    """The figures of a real run of `load` in `mode` with `config` (and the timeline they came from)."""
+    import torch
+
+    if recording_device == "cuda" and not torch.cuda.is_available():
+        raise WhatIfError("the recording ran on a GPU and this machine has none: --verify runs where it was "
+                          "recorded")
+    config = dataclasses.replace(config, mode=mode)
+    load = sorted(load, key=lambda i: i.arrival_us)
+    timeline = run_load(config, load, rate)
+    rec = from_timeline(timeline, "the verify run")
+    seg = rec.segments.get(mode) or next(iter(rec.segments.values()))
+    return {"mode": mode, **figures(seg.steps, seg.requests)}
+
+
+def add_measured(rec, settings: dict, result: dict) -> dict:
+    """--verify: each predicted loop run for real; `measured` and the prediction's `error_pct` added."""
+    from .figures import error_pct
+    from .settings import apply
+
+    config = apply(rec, settings)
+    rate = float(settings.get("rate", 1.0))
+    for mode, entry in result["modes"].items():
+        seg = rec.segments.get(mode) or next(iter(rec.segments.values()))
+        measured = measure(config, mode, seg.load, rate, rec.device_type)
+        entry["measured"] = measured
+        entry["error_pct"] = error_pct(entry["predicted"], measured)
+    return result
