@@ -1,4 +1,4 @@
-"""`batchscope serve | replay | import | compare | bench | soak | sweep`: the command line.
+"""`batchscope serve | replay | import | compare | whatif | bench | soak | sweep`: the command line.
 
 It imports nothing heavy until a command runs: `batchscope --help` and `--version` load neither torch nor the web
 server. Each command imports what it needs inside its function (the server, the engine, the bench's runners).
@@ -18,6 +18,7 @@ from .bench import options as bench_options
 from .bench.options import positive_int
 from .loadtest import sweep_client
 from .soak import options as soak_options
+from .whatif_cli import add_parser as add_whatif_parser
 
 DEFAULT_PORT = 7860
 
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_import_parser(sub)
     _add_compare_parser(sub)
+    add_whatif_parser(sub)
 
     # the tools' options are defined once, in their own options.py (argparse only)
     b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload",
