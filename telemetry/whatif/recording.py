@@ -84,10 +84,12 @@ def from_timeline(tl: dict, name: str) -> Recording:
     """Check that the timeline is a recording of batchscope's own engine serving requests, and split it."""
     meta = tl.get("meta") or {}
     if meta.get("source"):
-        src = meta["source"]
-        engine = src.get("engine") if isinstance(src, dict) else src
-        raise WhatIfError(f"{name}: a trace of another engine ({engine}): a what-if replays batchscope's own "
-                          f"scheduler, so it needs a recording of batchscope's engine (batchscope serve, bench)")
+        src = meta["source"] if isinstance(meta["source"], dict) else {"engine": meta["source"]}
+        engine = src.get("engine") or "unknown"
+        whose = "of another engine" if engine != "batchscope" else "imported from a profiler"
+        raise WhatIfError(f"{name}: a trace {whose} ({engine}, {src.get('tool') or 'a profiler'}): a what-if "
+                          f"replays requests through batchscope's scheduler with its recorded host phases, so it "
+                          f"needs batchscope's own recording (batchscope serve or bench)")
     if not tl.get("requests"):
         raise WhatIfError(f"{name}: the recording holds no requests: record while a load runs "
                           f"(POST /api/recording/start, a burst, then stop)")
