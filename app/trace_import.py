@@ -107,9 +107,9 @@ def summary_lines(timeline: dict, out: Path) -> list[str]:
              f"{sum(f.get('events', 0) for f in files):,} events"
              + (f", {len(ranks)} ranks" if len(ranks) > 1 else "") + f", on {meta.get('gpu') or meta.get('device')}",
              f"  steps: {len(steps)}" + (f" ({steps[0]['step']}-{steps[-1]['step']}, {modes})" if steps else "")
-             + _without_device(len(steps), summary.get("steps") or 0)
+             + _without_device(len(steps), sum(1 for s in steps if s.get("compute_us")))
              + f" over {_seconds(summary.get('duration_s') or 0)}; " + _steps_from(source.get("steps_from", "?"))]
-    lines.append(_busy(summary))
+    lines.append(_busy(summary) + ("  [under-recorded: see below]" if source.get("under_recorded") else ""))
     lines += _rank_lines(summary)
     lines.append(_causes("idle between steps", summary.get("idle_us_total"), summary.get("idle_us_by_cause")))
     if "idle_inside_us_total" in summary:
@@ -129,7 +129,7 @@ def summary_lines(timeline: dict, out: Path) -> list[str]:
 
 def _without_device(steps: int, counted: int) -> str:
     """Steps with no device work tied to them are in the timeline but in none of its figures: say how many."""
-    return f", {steps - counted} without device work (in no figure)" if counted < steps else ""
+    return f", {steps - counted} without device work (in no device figure)" if counted < steps else ""
 
 
 def _steps_from(how: str) -> str:

@@ -21,13 +21,21 @@ _KERNEL_LAUNCH = re.compile(r"^(cuda|hip|cu)(LaunchKernel|LaunchKernelExC|Launch
                             r"LaunchKernelEx|ExtModuleLaunchKernel)(_v\d+)?$")
 
 
-def under_recorded(tables: list[TraceTables], steps: int) -> list[str]:
-    """The sentences for one import: each file's (named when there are several), then the window's."""
+def under_recorded(tables: list[TraceTables], steps: list[dict]) -> list[str]:
+    """The sentences for one import: each file's (named when there are several), then the steps'."""
     out = []
     for t in tables:
         named = f"{os.path.basename(t.path)}: " if len(tables) > 1 else ""
         out += [named + n for n in (_graph_nodes(t), _dropped(t)) if n]
-    return out + [n for n in (_short(steps),) if n]
+    with_device = sum(1 for s in steps if s.get("compute_us"))
+    return out + [n for n in (_without_device(with_device, len(steps)), _short(with_device)) if n]
+
+
+def _without_device(with_device: int, steps: int) -> str | None:
+    if with_device == steps:
+        return None
+    return (f"{steps - with_device} of {steps} steps have no device work in the trace (their device records or "
+            f"launches are missing): every figure stands on the other {with_device}")
 
 
 def _ops_per_call(t: TraceTables) -> np.ndarray:

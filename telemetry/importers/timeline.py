@@ -55,7 +55,7 @@ def build(analyses: list[FileAnalysis], ranks: list[int], keep_kernels: bool = F
     unknown_is_none(summary, meta["source"]["unknown"])
     rank_table(summary, figures["devices"])
     if not ref.host_basis:
-        meta["source"]["under_recorded"] = under_recorded(tables, summary["steps"])
+        meta["source"]["under_recorded"] = under_recorded(tables, steps)
     tl = build_timeline(meta, steps, [], [], _mode_changes(steps), summary, rank_steps)
     if keep_kernels:
         tl["kernels"] = [kernel_spans(analyses[m["_file"]], m["_lane"], local[m["_file"]], m["rank"])
