@@ -171,3 +171,19 @@ def test_a_window_of_a_few_steps_is_said_to_be_short(tmp_path, capsys):
                                          "medians (ms/step, idle per step) and for any comparison to stand on"]
     assert cli_main(["import", str(path)]) == 0
     assert "  under-recorded: only 3 steps with device work" in capsys.readouterr().out
+
+
+def test_steps_without_device_work_are_said_before_any_figure(tmp_path, capsys):
+    tr = KinetoTrace()
+    for k in range(10):
+        t = 200 * k
+        tr.annotation(f"ProfilerStep#{k + 1}", t, 200)
+        if k != 4:                                             # step 5's launch is not in the file
+            tr.launch(t + 10, 3, kernel_at=t + 30, kernel_dur=100)
+    path = tr.write(tmp_path / "holes.json")
+    assert under(import_trace(path)) == ["1 of 10 steps have no device work in the trace (their device records or "
+                                         "launches are missing): every figure stands on the other 9"]
+    assert cli_main(["import", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "steps: 10 (1-10, 9 sync), 1 without device work (in no device figure)" in out
+    assert "[under-recorded: see below]" in out
