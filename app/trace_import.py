@@ -141,7 +141,8 @@ def _busy(summary: dict) -> str:
         return "  busy: unknown (no step has a compute span)"
     if summary.get("busy_basis") != "device_ops":
         return f"  busy: {summary['busy_pct']:.1f}% (the steps' compute spans)"
-    line = f"  busy: {summary['busy_pct']:.1f}% (device ops: what the device ran over the steps' window)"
+    who = " (rank 0)" if len(summary.get("ranks") or []) > 1 else ""
+    line = f"  busy{who}: {summary['busy_pct']:.1f}% (device ops: what the device ran over the steps' window)"
     if summary.get("busy_pct_steps") is not None:
         line += f"; {summary['busy_pct_steps']:.1f}% by the steps' compute spans (they see idle between steps only)"
     return line

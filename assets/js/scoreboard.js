@@ -171,7 +171,8 @@ function headlineHtml(live) {
   const steps = sm.busy_pct_steps !== null && sm.busy_pct_steps !== undefined
     ? ` <small title="${esc(STEPS_HINT)}">· between steps only (the steps' compute spans): ${fmtNum(sm.busy_pct_steps, 1)}%</small>` : "";
   return `<div class="bs-board-device" id="bs-board-device" data-busy="${fmtNum(sm.busy_pct, 2)}" title="${esc(DEVICE_HINT)}">` +
-    `device busy <b id="bs-board-busy">${fmtNum(sm.busy_pct, 1)}${unit("%")}</b> <small>of the steps' window, ` +
+    `device busy${Array.isArray(sm.ranks) && sm.ranks.length > 1 ? " (rank 0)" : ""} ` +
+    `<b id="bs-board-busy">${fmtNum(sm.busy_pct, 1)}${unit("%")}</b> <small>of the steps' window, ` +
     `the union of its kernels, copies and memsets</small>${steps}</div>`;
 }
 
