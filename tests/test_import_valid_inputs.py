@@ -118,6 +118,8 @@ def test_a_folder_stands_for_the_traces_in_it(tmp_path):
     tl = import_trace(run)
     assert [f["name"] for f in tl["meta"]["source"]["files"]] == ["worker_rank0.pt.trace.json.gz",
                                                                    "worker_rank1.pt.trace.json.gz"]
+    from batchscope.app.server.replay import read_timeline_file        # `batchscope replay FOLDER` too
+    assert read_timeline_file(run)["summary"]["straggler"] == tl["summary"]["straggler"]
     (tmp_path / "empty").mkdir()
     with pytest.raises(TraceImportError, match="a folder with no trace file in it"):
         import_trace(tmp_path / "empty")

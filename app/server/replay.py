@@ -85,8 +85,9 @@ def is_trace(head: bytes) -> bool:
 
 def read_timeline_file(path: str | Path, progress=None) -> dict:
     """A local file, with no size limit (that is the way to replay one over MAX_REPLAY_BYTES): a timeline, plain
-    or gzipped, or a profiler trace imported on every core (`progress(bytes_done, bytes_total)` while it is read)."""
-    if is_trace(_head(path)):
+    or gzipped, or a profiler trace imported on every core (`progress(bytes_done, bytes_total)` while it is read);
+    a folder stands for the trace files in it (one run's ranks)."""
+    if os.path.isdir(path) or is_trace(_head(path)):
         return _import_trace(path, progress=progress)
     try:
         raw = Path(path).read_bytes()
