@@ -137,6 +137,14 @@ def test_a_mode_change_is_compared_by_shape_alone_and_unmatched_shapes_are_said(
     assert result["settings_changed"]["mode"] == ["sync", "async"]
 
 
+def test_matched_steps_holding_little_of_a_runs_time_give_no_overall_verdict():
+    # NEW ran two of its three shapes where BASE never went: its matched third cannot speak for it
+    result = compare(rec("a", synthetic(5)), rec("b", synthetic(6, compute_scale=1.5, decode_sizes=(8, 64, 128))))
+    assert result["unmatched"]["new_time_share"] > 0.5
+    assert result["verdict"] == "inconclusive" and "cannot speak for the run" in result["warnings"][-1]
+    assert result["buckets"] and result["buckets"][0]["verdict"] == "slower"     # the matched shape still says
+
+
 def test_no_common_shapes_and_empty_recordings_give_no_verdict():
     with pytest.raises(CompareInputError, match="no shape ran on both sides"):
         compare(rec("a", synthetic(1, decode_sizes=(4,))), rec("b", synthetic(2, decode_sizes=(64,))))

@@ -20,6 +20,7 @@ SCHEMA_ID = "batchscope.compare/1"
 MIN_BUCKET_STEPS = 5            # a bucket compared needs this many timed steps on each side
 MIN_VERDICT_STEPS = 20          # ... and this many for a verdict of its own (a few steps under-state their spread)
 MAIN_FIGURES = ("step", "compute")
+MIN_MATCHED_SHARE = 0.5         # of each side's step time, for an overall verdict
 CANARY_PHASES = ("host.schedule", "host.update")
 CANARY_SHARE = 0.5
 
@@ -68,6 +69,11 @@ def compare(base: list[Recording], new: list[Recording], min_effect_pct: float |
         for fig in [results["step"], results["compute"], *buckets]:
             if fig["verdict"] in ("slower", "faster"):
                 fig["verdict"] = "inconclusive"
+    coverage = _coverage(unmatched)
+    if coverage is not None:
+        warnings.append(coverage)
+        for fig in (results["step"], results["compute"]):
+            fig["verdict"] = "inconclusive"
     step = results["step"]
     out = {
         "schema": SCHEMA_ID,
@@ -225,6 +231,17 @@ def _figure_result(name: str, st: dict, step_st: dict, m: float) -> dict:
             "share_of_base_step": {"value": _r(share[0]), "low": _r(share[1]), "high": _r(share[2])},
             "verdict": verdict, "judged_by": "ratio" if name in MAIN_FIGURES else "share_of_base_step",
             "per_recording_ms": {"base": [_r(x) for x in b["recordings"]], "new": [_r(x) for x in n["recordings"]]}}
+
+
+def _coverage(unmatched: dict) -> str | None:
+    """Matched steps speak for a run only when they hold most of its step time: else no overall verdict."""
+    shares = {side: unmatched[f"{side}_time_share"] or 0.0 for side in ("base", "new")}
+    side, share = max(shares.items(), key=lambda kv: kv[1])
+    if share <= 1 - MIN_MATCHED_SHARE:
+        return None
+    return (f"{100 * share:.0f}% of {side.upper()}'s step time ran in shapes the other side did not run (or too "
+            f"rarely to compare): the matched steps cannot speak for the run, so no overall verdict; the shapes "
+            f"not matched and the figures as each side ran them (end to end) show what changed")
 
 
 def _machine_speed(results: dict, basis: str, runs: int, m: float) -> dict | None:
