@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+HUBER_K = 1.345     # the usual Huber constant: 95% efficiency on Gaussian noise
+HUBER_PASSES = 6
 MIN_US = 1.0        # a fitted duration is never below this (a negative intercept must not make time run back)
 
 
@@ -44,31 +46,44 @@ class Fit:
 
 
 def fit(rows: list[dict], names: tuple[str, ...], target: str) -> Fit | None:
-    """Non-negative least squares of rows[target] on rows[names] ("one": the intercept); None without rows.
-    A feature that never varies is dropped (its effect is in the intercept); a coefficient that comes out
-    negative is dropped and the rest refitted (a step never gets faster with more work)."""
+    """Robust non-negative least squares of rows[target] on rows[names] ("one": the intercept); None without
+    rows. Huber weights (a few reweighted passes) keep a handful of stalled steps (a busy machine, a collection)
+    from bending the line: the stalls stay in the residuals, which the simulation draws from. A feature that
+    never varies is dropped (its effect is in the intercept); a negative coefficient is dropped and the rest
+    refitted (a step never gets faster with more work)."""
     rows = [r for r in rows if r.get(target) is not None]
     if not rows:
         return None
     y = np.array([float(r[target]) for r in rows])
-    cols = {n: np.array([1.0 if n == "one" else float(r.get(n) or 0.0) for r in rows]) for n in names}
-    active = [n for n in names if n == "one" or np.ptp(cols[n]) > 0]
-    coef = {n: 0.0 for n in names}
-    while active:
-        a = np.stack([cols[n] for n in active], axis=1)
-        solution = np.linalg.lstsq(a, y, rcond=None)[0]
-        negative = [n for n, c in zip(active, solution) if c < 0]
-        if not negative:
-            coef.update(zip(active, (float(c) for c in solution)))
-            break
-        active.remove(min(negative, key=lambda n: solution[active.index(n)]))
-    if not active:
-        coef["one"] = float(np.median(y)) if "one" in names else 0.0
-    out = Fit(names, [coef[n] for n in names], [], len(rows),
-              {n: float(cols[n].max()) for n in names if n != "one"})
-    fitted = np.array([out.predict({n: float(cols[n][i]) for n in names}) for i in range(len(rows))])
+    x = np.stack([np.array([1.0 if n == "one" else float(r.get(n) or 0.0) for r in rows]) for n in names], axis=1)
+    weights = np.ones(len(y))
+    coef = np.zeros(len(names))
+    for _ in range(HUBER_PASSES):
+        coef = _nonnegative(x, y, weights, names)
+        resid = y - x @ coef
+        scale = 1.4826 * float(np.median(np.abs(resid - np.median(resid)))) or 1.0
+        weights = np.minimum(1.0, HUBER_K * scale / np.maximum(np.abs(resid), 1e-12))
+    out = Fit(names, [float(c) for c in coef], [], len(rows),
+              {n: float(x[:, i].max()) for i, n in enumerate(names) if n != "one"})
+    fitted = np.array([out.predict({n: float(x[k, i]) for i, n in enumerate(names)}) for k in range(len(rows))])
     out.residuals = [float(v) for v in (y - fitted) / fitted]
     return out
+
+
+def _nonnegative(x: np.ndarray, y: np.ndarray, weights: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    active = [i for i, n in enumerate(names) if n == "one" or np.ptp(x[:, i]) > 0]
+    root = np.sqrt(weights)
+    coef = np.zeros(len(names))
+    while active:
+        solution = np.linalg.lstsq(x[:, active] * root[:, None], y * root, rcond=None)[0]
+        negative = [(c, i) for i, c in zip(active, solution) if c < 0]
+        if not negative:
+            coef[active] = solution
+            return coef
+        active.remove(min(negative)[1])
+    if "one" in names:
+        coef[names.index("one")] = float(np.median(y))
+    return coef
 
 
 def _r(v, digits: int = 4):

@@ -1,8 +1,9 @@
 """The step-time model of one recording: what a step of a given shape costs the device and each host phase, in
 each loop, fitted from the recording's own steps (docs/whatif.md).
 
-  device compute   C = c0 + c_prefill x prefill tokens + c_seq x prefill chunks + c_decode x decode rows
-                       + c_kv x KV tokens (+ c_eager on a GPU: a step that replays no CUDA graph)
+  device compute   C = c0 + c_prefill x prefill tokens + c_admit x requests starting (their first chunk)
+                       + c_decode x decode rows + c_kv x KV tokens (+ c_eager on a GPU: a step that replays
+                       no CUDA graph)
   schedule         c0 + c x requests in the step          fill     c0 + c x requests + c x tokens
   update           c0 + c x sampled rows                  launch   c0 (+ c_eager on a GPU); on a CPU the step
                                                                    computes inside its launch: launch = C
@@ -23,7 +24,7 @@ from batchscope.engine.graphs import mixed_buckets
 from .fit import Fit, fit
 from .recording import Recording, WhatIfError
 
-DEVICE_FEATURES = ("one", "prefill_tokens", "prefill_seqs", "decode_rows", "kv_tokens")
+DEVICE_FEATURES = ("one", "prefill_tokens", "admitted", "decode_rows", "kv_tokens")
 HOST_FEATURES = {"schedule": ("one", "requests"), "fill": ("one", "requests", "tokens"),
                  "update": ("one", "sampled"), "launch": ("one", "eager")}
 GAPS = ("launch_wait", "update_schedule")
@@ -65,13 +66,13 @@ class StepModel:
 
 def step_rows(rec: Recording, steps: list[dict], cuda_graphs: bool) -> list[dict]:
     """One row of shape and durations (µs) per timed step."""
-    rows = []
+    rows, seen = [], set()
     for s in steps:
         cpu = s.get("cpu") or {}
         prefill, decode = int(s.get("prefill_tokens") or 0), int(s.get("decode_tokens") or 0)
         row = {"step": s["step"], "mode": s["mode"], "prefill_tokens": prefill, "decode_rows": decode,
                "tokens": prefill + decode, "requests": int(s.get("num_requests") or 0),
-               "prefill_seqs": max(0, int(s.get("num_requests") or 0) - decode),
+               "admitted": _admitted(s, seen),
                "sampled": int(s.get("sampled", s.get("num_requests")) or 0),
                "kv_tokens": int(s.get("kv_blocks_used") or 0) * rec.block_size,
                "compute": _dur(s["compute_us"]), "compute_us": s["compute_us"],
@@ -83,6 +84,14 @@ def step_rows(rec: Recording, steps: list[dict], cuda_graphs: bool) -> list[dict
         row["empty_queue"] = float((s.get("idle_by_cause_us") or {}).get("empty_queue", 0.0))
         rows.append(row)
     return rows
+
+
+def _admitted(step: dict, seen: set) -> int:
+    """Requests whose first step this is (a preempted one's return is not told apart: it is rare)."""
+    ids = step.get("request_ids") or []
+    new = sum(1 for i in ids if i not in seen)
+    seen.update(ids)
+    return new
 
 
 def _mixed_graphed(rec: Recording, tokens: int, cuda_graphs: bool) -> bool:

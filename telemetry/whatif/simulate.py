@@ -131,7 +131,7 @@ class VirtualEngine:
         tokens = plan.num_tokens
         eager = self.model.basis == "gpu" and not self.model.graphed(self.config, decode == len(plan.seqs), tokens)
         return {"prefill_tokens": tokens - decode, "decode_rows": decode, "tokens": tokens,
-                "prefill_seqs": len(plan.seqs) - decode,
+                "admitted": sum(1 for s in plan.seqs if s.start == 0),
                 "requests": len(plan.seqs), "sampled": len(plan.sampled), "eager": float(eager),
                 "kv_tokens": self.allocator.num_used * self.config.block_size}
 

@@ -1,0 +1,86 @@
+"""The what-if loop on a CPU, end to end: tiny-random records a small served-like load, the recording is asked
+what a smaller token budget and a doubled arrival rate would do, each is run for real (--verify), and the
+prediction must land near the measurement.
+
+On a shared 2-core machine the same run's wall-clock figures swing by 2x or more when a neighbour starts a job,
+between the recording and the run that checks it as much as anywhere: no bound that a correct model meets can
+then tell it from a wrong one. So an attempt (record, predict, run) whose figures miss is repeated, up to
+ATTEMPTS times: a model that is right lands within the bounds on a quiet stretch, a wrong one on none. What the
+prediction says about the change itself (the direction, the budget the steps ran with) does not depend on the
+machine and is checked on every attempt."""
+from __future__ import annotations
+
+import json
+import random
+
+from batchscope.app.cli import main
+from batchscope.engine.config import EngineConfig
+from batchscope.telemetry.whatif.measure import run_load
+from batchscope.telemetry.whatif.recording import LoadItem
+
+# one math thread: on a shared 2-core machine torch's two threads wait on each other whenever a neighbour runs
+CONFIG = dict(model="tiny-random", device="cpu", dtype="float32", mode="async", num_blocks=256, max_running=16,
+              seed=0, cpu_threads=1)
+REQUESTS = 40
+ATTEMPTS = 3
+THROUGHPUT_BOUND_PCT = 30.0
+LATENCY_P50_BOUND_PCT = 50.0
+
+
+def served_like_load(n: int = REQUESTS, rate: float = 50.0, seed: int = 1) -> list[LoadItem]:
+    """Poisson arrivals, prompts 32-256 tokens, outputs 16-64 (the served workload's shape, scaled down)."""
+    rng = random.Random(seed)
+    t, load = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate) * 1e6
+        load.append(LoadItem(f"req-{i}", t, rng.randint(32, 256), rng.randint(16, 64)))
+    return load
+
+
+def _verify(recording, tmp_path, capsys, *pairs) -> dict:
+    out = tmp_path / "whatif.json"
+    rc = main(["whatif", str(recording), "--set", *pairs, "--verify", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "measured" in text and "error" in text
+    entry = json.loads(out.read_text())["modes"]["async"]
+    assert entry["measured"]["requests"] == entry["predicted"]["requests"] == REQUESTS
+    return entry
+
+
+def _misses(entry: dict) -> list[str]:
+    """The headline figures whose prediction error is beyond the bounds."""
+    err = entry["error_pct"]
+    out = [] if abs(err["output_tokens_per_s"]) < THROUGHPUT_BOUND_PCT else [f"throughput {err['output_tokens_per_s']}%"]
+    return out + [f"{name} p50 {err[name]['p50']}%" for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+                  if abs(err[name]["p50"]) >= LATENCY_P50_BOUND_PCT]
+
+
+def _attempts(tmp_path, capsys, pairs: tuple[str, ...], check_change) -> None:
+    misses = []
+    for attempt in range(ATTEMPTS):
+        recording = tmp_path / f"served-{attempt}.timeline.json"
+        recording.write_text(json.dumps(run_load(EngineConfig(**CONFIG), served_like_load())))
+        entry = _verify(recording, tmp_path, capsys, *pairs)
+        check_change(entry)
+        missed = _misses(entry)
+        if not missed:
+            return
+        misses.append(missed)
+    raise AssertionError(f"{pairs}: the prediction missed the measurement in all {ATTEMPTS} attempts: {misses}")
+
+
+def test_a_smaller_budget_is_predicted_then_measured(tmp_path, capsys):
+    def change(entry):
+        # 32-token steps chunk every prompt (32-256 tokens): its first token waits for several steps
+        assert entry["predicted"]["budgets"]["fixed"]["tokens_p50"] == 32
+        assert entry["predicted"]["ttft_ms"]["p50"] > 1.3 * entry["replayed"]["ttft_ms"]["p50"]
+
+    _attempts(tmp_path, capsys, ("max_batch_tokens=32",), change)
+
+
+def test_a_doubled_arrival_rate_is_predicted_then_measured(tmp_path, capsys):
+    def change(entry):
+        assert entry["predicted"]["duration_s"] < 0.8 * entry["replayed"]["duration_s"]
+
+    _attempts(tmp_path, capsys, ("rate=2",), change)
