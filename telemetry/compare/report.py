@@ -51,10 +51,9 @@ def _noise_line(result: dict) -> str:
 def text_lines(result: dict) -> list[str]:
     lines = [f"warning: {w}" for w in result["warnings"]]
     base, new = result["base"], result["new"]
-    lines.append(f"BASE: {', '.join(base['recordings'])} ({base['matched_steps']} of {base['timed_steps']} timed "
-                 f"steps matched)")
-    lines.append(f"NEW:  {', '.join(new['recordings'])} ({new['matched_steps']} of {new['timed_steps']} timed steps "
-                 f"matched)")
+    for label, side in (("BASE:", base), ("NEW: ", new)):
+        lines.append(f"{label} {_names(side['recordings'])} ({side['matched_steps']} of {side['timed_steps']} timed "
+                     f"steps matched)")
     if result["settings_changed"]:
         lines.append("settings changed: " + ", ".join(f"{k} {v[0]} -> {v[1]}"
                                                        for k, v in result["settings_changed"].items()))
@@ -70,6 +69,12 @@ def text_lines(result: dict) -> list[str]:
     lines += _unmatched_lines(result)
     lines += _e2e_lines(result)
     return lines
+
+
+def _names(recordings: list[str]) -> str:
+    if len(recordings) <= 2:
+        return ", ".join(recordings)
+    return f"{len(recordings)} recordings: {recordings[0]} ... {recordings[-1]}"
 
 
 def _moved_lines(result: dict) -> list[str]:
