@@ -71,7 +71,8 @@ function rates(d, lo, hi) {
   }
   // an imported trace's steps carry the device's busy time (the union of its ops): that is what is drawn
   const device = cumulativeDevice(d.steps, a, z);
-  const compute = device || cumulativeSpans(d.steps, a, z), tokens = cumulativeTokens(d.steps, a, z);
+  const spans = cumulativeSpans(d.steps, a, z);
+  const compute = device || spans, tokens = cumulativeTokens(d.steps, a, z);
   let hostBasis = false;
   for (let i = a; i < z && !hostBasis; i++) hostBasis = d.steps[i]._hostCompute;
   // tensor parallel: each other rank's busy %, from its own records, the same way
@@ -80,7 +81,7 @@ function rates(d, lo, hi) {
     const [ra, rz] = stepRange(list, lo - win, hi + win, 2);
     return { rank: rk.rank, host: rk.host, compute: (device && cumulativeDevice(list, ra, rz)) || cumulativeSpans(list, ra, rz), busy: [] };
   });
-  const out = { x: [], busy: [], tok: [], pre: [], win, gpuSeen: compute.n > 0, hostBasis, deviceBasis: !!device, ranks,
+  const out = { x: [], busy: [], spanBusy: [], tok: [], pre: [], win, gpuSeen: compute.n > 0, hostBasis, deviceBasis: !!device, ranks,
                 noTokens: notInTrace(d).has("tokens_out") };
   for (let i = 0; i < POINTS; i++) {
     const mid = lo + (i + 0.5) * binW;
@@ -88,6 +89,7 @@ function rates(d, lo, hi) {
     if (!(r - l >= win / 4)) continue;      // too little data under this point to say anything
     out.x.push(mid / 1e6);
     out.busy.push(Math.min(100, 100 * (compute.at(r) - compute.at(l)) / (r - l)));
+    if (device) out.spanBusy.push(Math.min(100, 100 * (spans.at(r) - spans.at(l)) / (r - l)));
     for (const rk of ranks) rk.busy.push(Math.min(100, 100 * (rk.compute.at(r) - rk.compute.at(l)) / (r - l)));
     const per = 1e6 / (r - l);
     out.tok.push((tokens.at(r, 0) - tokens.at(l, 0)) * per);
@@ -191,6 +193,9 @@ function drawBusy(el, ctx) {
   const traces = [];
   if (r.gpuSeen) traces.push(line(r.ranks.length ? rankName(0) : busyName, { x: r.x, y: r.busy }, COLOR.compute,
                                   { fill: "tozeroy", fillcolor: "rgba(22,163,74,0.12)" }));
+  // an imported trace: the steps' compute spans beside the device's ops (they see idle between steps only)
+  if (r.deviceBasis && !r.ranks.length) traces.push(line("steps' spans % (between steps only)", { x: r.x, y: r.spanBusy },
+    COLOR.compute, { line: { color: COLOR.compute, width: 1.1, dash: "dot" } }));
   for (const rk of r.ranks) {
     if (!rk.compute.n) continue;
     const c = RANK_COLORS[(rk.rank - 1) % RANK_COLORS.length];
