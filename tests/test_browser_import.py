@@ -58,6 +58,9 @@ def test_a_trace_on_the_page(browser, tmp_path):
         assert legend.startswith("GPU idle inside steps 200 µs in view: other host work 160 µs, host launching "
                                  "40 µs"), legend
         assert "GPU idle before a step, by cause" in page.text_content("#bs-legend")
+        # the busy chart: the device's ops, and the steps' spans beside them
+        page.wait_for_function("document.getElementById('bs-c-busy').textContent.includes('device ops')", timeout=T)
+        assert "steps' spans % (between steps only)" in page.text_content("#bs-c-busy")
         # what the trace under-records is said above the figures
         assert page.get_attribute("#bs-trace-notes", "data-under") == "1"
         assert "The trace under-records:only 4 steps with device work" in page.text_content("#bs-trace-notes")
