@@ -1,7 +1,7 @@
 """Imported steps as ordinary timeline records: the fields batchscope's own telemetry writes (so every view and
 the summary work unchanged), filled from the trace, plus what only a trace can show (docs/timeline.md, "Imported
-steps"). What a trace cannot know (request ids, KV blocks, queue depth) is 0 or empty and `meta.source.unknown`
-says so."""
+steps"). What a trace cannot know (request ids, KV blocks, queue depth) is 0 or empty (the format requires the
+fields) and `meta.source.unknown` says so: the summary and the page show it as unknown, never as 0."""
 from __future__ import annotations
 
 from .gaps import Gap, top_ops

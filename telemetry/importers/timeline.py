@@ -1,6 +1,7 @@
 """Analysed trace files -> one `batchscope.timeline/1` dict: rank 0's steps as step records, the other devices'
 (other ranks' files, or other GPUs of one process) as rank step records, the summary batchscope computes for its
-own recordings plus the trace's own figures, and `meta.source` saying where it all came from and what was inferred.
+own recordings plus the trace's own figures (led by what the device did: headline.py), and `meta.source` saying
+where it all came from, what was inferred and what the trace under-records (coverage.py).
 Times are µs from the earliest event of any file, on the first file's clock."""
 from __future__ import annotations
 
@@ -138,8 +139,9 @@ def _mode_changes(steps: list) -> list:
 
 def _device_figures(analyses, local, summary, lanes_meta) -> dict:
     """Each device's busy time as the union of its ops (kernels, copies, memsets, all streams) over the summary's
-    window, beside `busy_pct` (the union of the steps' compute spans, batchscope's own definition); and for rank 0
-    the device's idle time outside every step's gap and compute span, so the idle figures add up."""
+    window (headline.py makes rank 0's `busy_pct`, the steps' compute-span figure kept beside it), its idle by
+    cause and collective time; for rank 0 the device's idle time outside every step's gap and compute span, so
+    the idle figures add up, and a note of the ops outside the steps' window."""
     t0, t1 = summary.get("t0_us"), summary.get("t1_us")
     devices: list = []
     if t0 is None or t1 is None or t1 <= t0:
