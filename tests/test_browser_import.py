@@ -139,6 +139,8 @@ def test_an_imported_multi_rank_trace_leads_with_the_device_and_names_the_stragg
         assert "Busy %: device ops" in page.text_content("#bs-c-busy")
         box = hover_compute(page, expected["steps"][5]["compute_us"][0] + 5)
         assert "requests –, not in the trace" in box and "0 req" not in box, box
+        step = expected["steps"][5]
+        assert f"device ran ops {step['device_ops_us'] / 1000:.3f} ms of the step's span" in box, box
         assert not errors, errors
     finally:
         ctx.close()

@@ -110,6 +110,12 @@ function describeRank(r, s0, rank) {
     (lag !== null ? `<br>compute starts ${lag >= 0 ? "+" : ""}${lag} ms from rank 0's` : "") + allreduceLine(s0, r);
 }
 
+// An imported step: how much of its own part of the span the device ran anything (the union of its ops).
+function deviceLine(s) {
+  if (typeof s.device_ops_us !== "number" || !s._cs || !(s._cs[1] > s._cs[0])) return "";
+  return `<br>device ran ops ${(s.device_ops_us / 1000).toFixed(3)} ms of the step's span`;
+}
+
 function describe(s) {
   const ms = v => v ? ((v[1] - v[0]) / 1000).toFixed(3) : null;
   const list = (group, keys) => keys.map(k => { const v = ms(span(s, group, k)); return v === null ? "" : `${k} ${v}`; })
@@ -128,5 +134,5 @@ function describe(s) {
   // (the page styles <b> dark for its light panels: this box is dark)
   return `<b style="color:#fff">step ${s.step}</b> · ${esc(s.mode)}${unknown.size ? "" : " · slot " + s.slot} · ` +
     `${countsText(s, unknown)}<br>host ms: ${host || (unknown.size ? "host phases " + NOT_IN_TRACE : "none")}` +
-    (dev ? `<br>device ms: ${dev}` : "") + idle + inside + allreduceLine(s);
+    (dev ? `<br>device ms: ${dev}` : "") + deviceLine(s) + idle + inside + allreduceLine(s);
 }
