@@ -257,3 +257,19 @@ def test_a_running_servers_history_is_read_from_its_address(tmp_path):
         assert main(["compare", base, url + "/missing.json"]) == 2            # the server's 404, one line
     finally:
         server.shutdown()
+
+
+def test_every_size_falls_in_one_bucket_that_holds_it():
+    from batchscope.telemetry.compare.shapes import decode_bucket, kv_bucket, prefill_bucket
+
+    for bucket in (decode_bucket, prefill_bucket, kv_bucket):
+        seen = {}
+        for n in range(1, 5000):
+            label = bucket(n)
+            low, _, high = label.partition("-")
+            assert int(low) <= n <= int(high or low), (bucket.__name__, n, label)
+            seen.setdefault(label, []).append(n)
+        for sizes in seen.values():          # a bucket is one unbroken range of sizes
+            assert sizes == list(range(sizes[0], sizes[-1] + 1))
+    assert decode_bucket(16) == "16" and decode_bucket(17) == "16-19" and decode_bucket(40) == "40-47"
+    assert prefill_bucket(0) == "0" and prefill_bucket(300) == "256-511"

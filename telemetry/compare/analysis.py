@@ -14,7 +14,7 @@ import numpy as np
 from . import noise
 from .context import basis_of, end_to_end, recording_sides, settings_changed, side_info
 from .inputs import CompareInputError, Recording
-from .shapes import HOST_PHASES, key_label, recording_facts, step_figures, step_key
+from .shapes import HOST_PHASES, UNKNOWN, key_label, recording_facts, step_figures, step_key
 
 SCHEMA_ID = "batchscope.compare/1"
 MIN_BUCKET_STEPS = 5            # a bucket compared needs this many timed steps on each side
@@ -69,6 +69,9 @@ def compare(base: list[Recording], new: list[Recording], min_effect_pct: float |
         for fig in [results["step"], results["compute"], *buckets]:
             if fig["verdict"] in ("slower", "faster"):
                 fig["verdict"] = "inconclusive"
+    if any(key[1] == UNKNOWN for key in matched):
+        warnings.append("the recordings do not say their steps' shapes (an imported trace): their steps are compared "
+                        "as one bucket, so a different mix of prefill and decode steps would read as a change")
     coverage = _coverage(unmatched)
     if coverage is not None:
         warnings.append(coverage)
