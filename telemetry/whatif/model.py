@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from batchscope.engine.budget import step_token_limits
 from batchscope.engine.config import MODES, EngineConfig
-from batchscope.engine.graphs import mixed_buckets
+from batchscope.engine.graphs import graph_buckets, mixed_buckets
 
 from .fit import Fit, fit
 from .recording import Recording, WhatIfError
@@ -34,6 +34,32 @@ def _dur(span) -> float | None:
     return span[1] - span[0] if span and span[0] is not None and span[1] is not None else None
 
 
+@dataclass(frozen=True)
+class Graphs:
+    """Which steps replay a CUDA graph, and the shape they are padded to (graphs.py's choice): decode steps to a
+    batch-size bucket, steps with prefill to a token bucket up to the largest mixed-step graph; the rest run
+    eagerly. A graph computes its whole bucket, so the device's time follows the padded shape."""
+    decode: tuple[int, ...] = ()
+    mixed: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, config: EngineConfig, enabled: bool, mixed: list[int] | None = None) -> Graphs:
+        if not enabled:
+            return cls()
+        if mixed is None:
+            mixed = mixed_buckets(step_token_limits(config, "cuda")[1]) if config.mixed_graphs else []
+        return cls(tuple(graph_buckets(config.max_running)), tuple(sorted(mixed)))
+
+    def pad(self, prefill: int, rows: int) -> tuple[bool, int, int]:
+        """(eager, prefill tokens, decode rows) as the device computes them."""
+        if not self.decode:
+            return True, prefill, rows
+        if prefill == 0:
+            return False, 0, next((b for b in self.decode if b >= rows), rows)
+        bucket = next((t for t in self.mixed if t >= prefill + rows), None)
+        return (True, prefill, rows) if bucket is None else (False, bucket - rows, rows)
+
+
 @dataclass
 class StepModel:
     basis: str                                  # "gpu": device events; "host": the step computed on the CPU
@@ -46,15 +72,6 @@ class StepModel:
     wait_us: float = 0.0                        # a wait that finds the step done takes this long
     cuda_graphs: bool = False
 
-    def graphed(self, config: EngineConfig, decode_only: bool, tokens: int) -> bool:
-        """Whether such a step replays a CUDA graph under `config` (graphs.py's choice, by its largest bucket)."""
-        if not self.cuda_graphs or self.basis != "gpu":
-            return False
-        if decode_only:
-            return True
-        buckets = mixed_buckets(step_token_limits(config, "cuda")[1]) if config.mixed_graphs else []
-        return bool(buckets) and tokens <= max(buckets)
-
     def as_dict(self) -> dict:
         return {"basis": self.basis, "device_compute": self.device.as_dict(),
                 "host": {m: {p: f.as_dict() for p, f in phases.items()} for m, phases in self.host.items()},
@@ -64,20 +81,26 @@ class StepModel:
                 "tail_us": round(self.tail_us, 3), "wait_us": round(self.wait_us, 3)}
 
 
-def step_rows(rec: Recording, steps: list[dict], cuda_graphs: bool) -> list[dict]:
+def shape_row(graphs: Graphs, basis: str, prefill: int, decode: int, requests: int, sampled: int,
+              admitted: int, kv_tokens: int) -> dict:
+    """A step's features: its shape as the device computes it (padded to its graph), and as the host handles it."""
+    eager, padded_prefill, padded_rows = graphs.pad(prefill, decode)
+    return {"prefill_tokens": padded_prefill, "decode_rows": padded_rows, "tokens": prefill + decode,
+            "real_prefill_tokens": prefill, "real_decode_rows": decode,
+            "requests": requests, "sampled": sampled, "admitted": admitted, "kv_tokens": kv_tokens,
+            "eager": float(basis == "gpu" and eager)}
+
+
+def step_rows(rec: Recording, steps: list[dict], graphs: Graphs, basis: str) -> list[dict]:
     """One row of shape and durations (µs) per timed step."""
     rows, seen = [], set()
     for s in steps:
         cpu = s.get("cpu") or {}
-        prefill, decode = int(s.get("prefill_tokens") or 0), int(s.get("decode_tokens") or 0)
-        row = {"step": s["step"], "mode": s["mode"], "prefill_tokens": prefill, "decode_rows": decode,
-               "tokens": prefill + decode, "requests": int(s.get("num_requests") or 0),
-               "admitted": _admitted(s, seen),
-               "sampled": int(s.get("sampled", s.get("num_requests")) or 0),
-               "kv_tokens": int(s.get("kv_blocks_used") or 0) * rec.block_size,
-               "compute": _dur(s["compute_us"]), "compute_us": s["compute_us"],
-               "eager": float(s.get("compute_basis") == "gpu" and not (cuda_graphs and prefill == 0)
-                              and not _mixed_graphed(rec, prefill + decode, cuda_graphs))}
+        requests = int(s.get("num_requests") or 0)
+        row = shape_row(graphs, basis, int(s.get("prefill_tokens") or 0), int(s.get("decode_tokens") or 0),
+                        requests, int(s.get("sampled", requests) or 0), _admitted(s, seen),
+                        int(s.get("kv_blocks_used") or 0) * rec.block_size)
+        row.update(step=s["step"], mode=s["mode"], compute=_dur(s["compute_us"]), compute_us=s["compute_us"])
         for phase in ("schedule", "fill", "launch", "wait", "update"):
             row[phase] = _dur(cpu.get(phase))
             row[phase + "_span"] = cpu.get(phase)
@@ -94,17 +117,13 @@ def _admitted(step: dict, seen: set) -> int:
     return new
 
 
-def _mixed_graphed(rec: Recording, tokens: int, cuda_graphs: bool) -> bool:
-    buckets = rec.info.get("mixed_graph_tokens") or []
-    return cuda_graphs and bool(buckets) and tokens <= max(buckets)
-
-
 def build(rec: Recording) -> StepModel:
     steps = [s for seg in rec.segments.values() for s in seg.steps]
     bases = {s.get("compute_basis") for s in steps}
     basis = "gpu" if bases & {"gpu", "gpu_wait"} else "host"
     cuda_graphs = bool(rec.info.get("cuda_graphs")) and basis == "gpu"
-    rows = step_rows(rec, steps, cuda_graphs)
+    rows = step_rows(rec, steps, Graphs.of(rec.config, cuda_graphs, rec.info.get("mixed_graph_tokens") or []),
+                     basis)
     if len(rows) < 3:
         raise WhatIfError(f"{rec.name}: fewer than three timed steps while the load ran: no step time to fit")
     names = DEVICE_FEATURES + (("eager",) if basis == "gpu" else ())

@@ -15,14 +15,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from batchscope.engine.budget import make_budget, step_token_limits
+from batchscope.engine.budget import make_budget
 from batchscope.engine.config import EngineConfig, SamplingParams
-from batchscope.engine.graphs import mixed_buckets
 from batchscope.engine.kv_cache import BlockAllocator
 from batchscope.engine.request import Request
 from batchscope.engine.scheduler import Scheduler, StepPlan
 
-from .model import StepModel
+from .model import Graphs, StepModel, shape_row
 from .recording import LoadItem
 
 MAX_STEPS = 2_000_000           # a replay that would run longer than this is stuck (it says so)
@@ -53,10 +52,9 @@ class VirtualEngine:
         self.model, self.config, self.mode, self.rng = model, config, mode, rng
         device_type = "cuda" if model.basis == "gpu" else "cpu"
         budget = make_budget(config, device_type)
-        buckets = (mixed_buckets(step_token_limits(config, "cuda")[1])
-                   if model.cuda_graphs and config.mixed_graphs else [])
-        if buckets:
-            budget.limit_decode_steps(max(buckets))
+        self.graphs = Graphs.of(config, model.cuda_graphs)
+        if self.graphs.mixed:                   # as engine.py: steps with decodes stay within the mixed graphs
+            budget.limit_decode_steps(list(self.graphs.mixed))
         self.allocator = BlockAllocator(config.num_blocks)
         self.scheduler = Scheduler(self.allocator, config.block_size, budget, config.max_running, max_model_len)
         t0 = min(i.arrival_us for i in load)
@@ -128,12 +126,9 @@ class VirtualEngine:
 
     def _shape(self, plan: StepPlan) -> dict:
         decode = sum(1 for s in plan.seqs if s.is_decode)
-        tokens = plan.num_tokens
-        eager = self.model.basis == "gpu" and not self.model.graphed(self.config, decode == len(plan.seqs), tokens)
-        return {"prefill_tokens": tokens - decode, "decode_rows": decode, "tokens": tokens,
-                "admitted": sum(1 for s in plan.seqs if s.start == 0),
-                "requests": len(plan.seqs), "sampled": len(plan.sampled), "eager": float(eager),
-                "kv_tokens": self.allocator.num_used * self.config.block_size}
+        return shape_row(self.graphs, self.model.basis, plan.num_tokens - decode, decode, len(plan.seqs),
+                         len(plan.sampled), sum(1 for s in plan.seqs if s.start == 0),
+                         self.allocator.num_used * self.config.block_size)
 
     def _phase(self, name: str, shape: dict) -> float:
         f = self.model.host[self.mode].get(name)
@@ -225,7 +220,7 @@ class VirtualEngine:
             prev_end = st.dev[1]
             plan, shape = st.plan, st.shape
             steps.append({"step": i, "mode": self.mode, "num_requests": shape["requests"],
-                          "prefill_tokens": shape["prefill_tokens"], "decode_tokens": shape["decode_rows"],
+                          "prefill_tokens": shape["real_prefill_tokens"], "decode_tokens": shape["real_decode_rows"],
                           "sampled": shape["sampled"], "tokens_out": shape["sampled"],
                           "kv_blocks_used": st.kv_blocks, "kv_blocks_total": self.config.num_blocks,
                           "queue_depth": plan.queue_depth, "preempted": list(plan.preempted),
