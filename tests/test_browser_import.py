@@ -24,14 +24,14 @@ from batchscope.app.server.state import AppState  # noqa: E402
 T = 90_000            # ms: generous for a busy box; every wait ends as soon as its condition holds
 
 
-def hover_compute(page, t_us: float) -> str:
-    """Moves the mouse onto the compute lane at time t_us and returns the hover box's text."""
-    pos = page.evaluate("""t => {
+def hover_compute(page, t_us: float, lane: str = "GPU · compute") -> str:
+    """Moves the mouse onto a compute lane at time t_us and returns the hover box's text."""
+    pos = page.evaluate("""([t, lane]) => {
         const el = document.getElementById('bs-gantt'), c = document.getElementById('bs-gantt-canvas');
-        const names = el.layout.yaxis.ticktext, i = names.indexOf('GPU · compute'), r = c.getBoundingClientRect();
+        const names = el.layout.yaxis.ticktext, i = names.indexOf(lane), r = c.getBoundingClientRect();
         const [lo, hi] = el.layout.xaxis.range;
         return { x: r.left + (t / 1e6 - lo) / (hi - lo) * r.width, y: r.top + (i + 0.5) * r.height / names.length };
-    }""", t_us)
+    }""", [t_us, lane])
     page.mouse.move(pos["x"], pos["y"] - 3)
     page.mouse.move(pos["x"], pos["y"])
     page.wait_for_selector("#bs-gantt-hover", state="visible", timeout=T)
@@ -141,6 +141,11 @@ def test_an_imported_multi_rank_trace_leads_with_the_device_and_names_the_stragg
         assert "requests –, not in the trace" in box and "0 req" not in box, box
         step = expected["steps"][5]
         assert f"device ran ops {step['device_ops_us'] / 1000:.3f} ms of the step's span" in box, box
+        # rank 1's part of a step: its collective time as the trace measured it, no estimate
+        rank1 = next(r for r in expected["rank_steps"] if r["step"] == step["step"])
+        box = hover_compute(page, rank1["compute_us"][0] + 5, "rank 1 · compute")
+        assert f"collectives (in the trace): {rank1['collective_us'] / 1000:.3f} ms" in box, box
+        assert "requests –, not in the trace" in box and "measured at start-up" not in box, box
         assert not errors, errors
     finally:
         ctx.close()
