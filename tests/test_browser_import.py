@@ -9,7 +9,7 @@ import os
 import pytest
 
 from batchscope.telemetry.importers import import_trace
-from test_import_cli import SYNC_TRACE, vllm_trace
+from test_import_cli import FIXTURES, SYNC_TRACE, vllm_trace
 
 pytestmark = pytest.mark.browser
 
@@ -149,4 +149,26 @@ def test_an_imported_multi_rank_trace_leads_with_the_device_and_names_the_stragg
         assert not errors, errors
     finally:
         ctx.close()
+        srv.stop()
+
+
+def test_a_replayed_sync_trace_forecasts_without_advising_a_switch(browser):
+    """Our own engine's sync steps under a profiler (an H200 trace): the forecast stands on their spans, but a
+    replay has no mode key, so the board says there is no async stretch to check it against instead of "switch to
+    async (A)"; the device's busy leads and the CUDA-event spans' figure is beside it."""
+    trace = FIXTURES / "batchscope-h200-sync.pt.trace.json.gz"
+    expected = import_trace(trace)
+    assert expected["summary"]["board"]["forecast"]["applicable"]
+    srv = ServerThread(create_app(AppState.from_replay_file(trace))).start()
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    try:
+        page.goto(srv.url + "/")
+        page.wait_for_selector("#bs-forecast[data-applicable='1']", timeout=T)
+        board = page.text_content("#bs-board")
+        assert "switch to async" not in board and "no async stretch in the recording to check it against" in board
+        s = expected["summary"]
+        assert page.text_content("#bs-board-busy") == f"{s['busy_pct']:.1f}%"
+        assert f"between steps only (the steps' compute spans): {s['busy_pct_steps']:.1f}%" in board
+    finally:
+        page.close()
         srv.stop()
