@@ -113,6 +113,7 @@ def test_a_cpu_machine_that_ran_slower_as_a_whole_gets_no_verdict_from_one_run_a
     busy = compare(rec("a", synthetic(1, basis="host")),
                    rec("b", synthetic(2, basis="host", compute_scale=1.6, host_scale=1.6)))
     assert busy["verdict"] == "inconclusive" and busy["noise"]["machine_speed_ratio"] > 1.4
+    assert busy["verdict_reason"] == "machine_speed"
     assert busy["warnings"] and "bookkeeping" in busy["warnings"][0]
     # a slower model leaves the bookkeeping alone: found, with the CPU's larger minimum effect
     model = compare(rec("a", synthetic(1, basis="host")), rec("b", synthetic(2, basis="host", compute_scale=1.6)))
@@ -142,6 +143,7 @@ def test_matched_steps_holding_little_of_a_runs_time_give_no_overall_verdict():
     result = compare(rec("a", synthetic(5)), rec("b", synthetic(6, compute_scale=1.5, decode_sizes=(8, 64, 128))))
     assert result["unmatched"]["new_time_share"] > 0.5
     assert result["verdict"] == "inconclusive" and "cannot speak for the run" in result["warnings"][-1]
+    assert result["verdict_reason"] == "coverage"
     assert result["buckets"] and result["buckets"][0]["verdict"] == "slower"     # the matched shape still says
 
 

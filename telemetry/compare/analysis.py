@@ -78,9 +78,12 @@ def compare(base: list[Recording], new: list[Recording], min_effect_pct: float |
         for fig in (results["step"], results["compute"]):
             fig["verdict"] = "inconclusive"
     step = results["step"]
+    reason = ("coverage" if coverage else "machine_speed" if machine else
+              "interval" if step["verdict"] == "inconclusive" else "measured")
     out = {
         "schema": SCHEMA_ID,
         "verdict": step["verdict"],
+        "verdict_reason": reason,
         "step_time_ratio": step["ratio"],
         "base": side_info(base, rows["base"], counts["base"], matched),
         "new": side_info(new, rows["new"], counts["new"], matched),

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 TOP_BUCKETS = 8
+INCONCLUSIVE_BECAUSE = {
+    "coverage": "the matched steps hold too little of the run's time",
+    "machine_speed": "the machine's own speed moved with the step time",
+    "interval": "the interval reaches past the minimum effect on one side and not the other"}
 FIGURE_NAMES = {"step": "device step time", "compute": "compute span", "idle": "idle before the step",
                 "idle_inside": "idle inside the step"}
 
@@ -36,7 +40,7 @@ def headline(result: dict) -> str:
     elif verdict == "same":
         said = f"same (within the minimum effect of {result['noise']['min_effect'] * 100:.0f}%)"
     else:
-        said = "inconclusive (the interval reaches past the minimum effect on one side and not the other)"
+        said = "inconclusive (" + INCONCLUSIVE_BECAUSE.get(result.get("verdict_reason"), "") + ")"
     return (f"verdict: {said}: device step time NEW/BASE {_ratio(step['ratio'])} "
             f"({step['base_ms']:.3f} -> {step['new_ms']:.3f} ms per step over the common mix of shapes)")
 
