@@ -21,13 +21,13 @@ from batchscope.telemetry.whatif.recording import LoadItem
 # one math thread: on a shared 2-core machine torch's two threads wait on each other whenever a neighbour runs
 CONFIG = dict(model="tiny-random", device="cpu", dtype="float32", mode="async", num_blocks=256, max_running=16,
               seed=0, cpu_threads=1)
-REQUESTS = 40
+REQUESTS = 32
 ATTEMPTS = 3
 THROUGHPUT_BOUND_PCT = 30.0
 LATENCY_P50_BOUND_PCT = 50.0
 
 
-def served_like_load(n: int = REQUESTS, rate: float = 50.0, seed: int = 1) -> list[LoadItem]:
+def served_like_load(n: int = REQUESTS, rate: float = 25.0, seed: int = 1) -> list[LoadItem]:
     """Poisson arrivals, prompts 32-256 tokens, outputs 16-64 (the served workload's shape, scaled down)."""
     rng = random.Random(seed)
     t, load = 0.0, []
@@ -74,7 +74,7 @@ def test_a_smaller_budget_is_predicted_then_measured(tmp_path, capsys):
     def change(entry):
         # 32-token steps chunk every prompt (32-256 tokens): its first token waits for several steps
         assert entry["predicted"]["budgets"]["fixed"]["tokens_p50"] == 32
-        assert entry["predicted"]["ttft_ms"]["p50"] > 1.3 * entry["replayed"]["ttft_ms"]["p50"]
+        assert entry["predicted"]["ttft_ms"]["p50"] > 1.1 * entry["replayed"]["ttft_ms"]["p50"]
 
     _attempts(tmp_path, capsys, ("max_batch_tokens=32",), change)
 
