@@ -128,6 +128,10 @@ def test_an_imported_multi_rank_trace_leads_with_the_device_and_names_the_stragg
         assert summary["ranks"][1]["busy_pct"] < summary["ranks"][0]["busy_pct"]
         assert page.get_attribute("#bs-ranks", "data-straggler") == "1"
         assert "rank 1 held the others back: rank 1's host launched late" in page.text_content("#bs-ranks")
+        # every rank's idle on the Gantt, by cause: rank 1 has a GPU idle lane of its own
+        assert "GPU idle · rank 1" in page.evaluate("document.getElementById('bs-gantt').layout.yaxis.ticktext")
+        lanes = json.loads(page.get_attribute("#bs-gantt", "data-lanes"))
+        assert sum(n for k, n in lanes.items() if k.startswith("r1:idle: ")) >= 12, lanes
         # no advice the replay cannot act on, no figure the trace does not hold drawn as zero
         text = page.text_content("body")
         assert "switch to async" not in text and "(A)" not in page.text_content("#bs-board")

@@ -178,7 +178,9 @@ export function tensorParallel(d) {
     // On the CPU a rank has no streams: its "compute" is the launch span the forward ran inside (as rank 0's
     // host compute). With no device known, whether its records carry copies decides.
     const host = device.startsWith("cpu") || (!device && !!last && !!last.gpu && !last.gpu.h2d && !last.gpu.d2h);
-    ranks.push({ rank, device, host, phases: host ? ["compute"] : ["h2d", "compute", "d2h"] });
+    // (an imported trace knows each rank's idle time by cause: it gets a GPU idle lane as rank 0's)
+    const phases = host ? ["compute"] : ["h2d", "compute", "d2h"];
+    ranks.push({ rank, device, host, phases: meta.source && !host ? phases.concat("idle") : phases });
   }
   const measured = info.allreduce_us && typeof info.allreduce_us === "object" ? info.allreduce_us : {};
   const rows = Object.keys(measured).map(Number).filter(k => isFinite(k) && k > 0 && isFinite(measured[k])).sort((a, b) => a - b);

@@ -200,18 +200,27 @@ function rank0Ink(ink, steps) {
       ink.inside.us += s.gpu_idle_inside_us;
       const by = ink.inside.byCause;
       for (const [c, us] of Object.entries(s.idle_inside_by_cause_us || {})) by[c] = (by[c] || 0) + us;
-      insideInk(ink, s, "compute", true);
+      insideInk(ink, s, "compute", "idle: ");
     }
   }
   for (const r of modeRuns(steps)) add(r.mode, r.lo, r.hi);
 }
 
 // Another rank: its own spans of the steps rank 0 planned (a step's counts are in rank 0's record).
+// An imported trace's ranks have an idle lane of their own: the gap before each of its steps and the idle inside
+// them, by cause, as rank 0's.
 function rankInk(ink, r, records) {
   const arKey = rankLaneKey(r.rank, "allreduce"), steps = ink.steps;
+  const idle = r.phases.includes("idle") ? rankLaneKey(r.rank, "idle") + ": " : null;
   for (const rec of records) {
-    if (rec.gpu_idle_inside_us > 0) insideInk(ink, rec, rankLaneKey(r.rank, "compute"), false);
+    if (rec.gpu_idle_inside_us > 0) insideInk(ink, rec, rankLaneKey(r.rank, "compute"), idle);
+    if (idle && rec.gpu_idle_before_us > 0 && rec._cs) {
+      const cause = rec.idle_cause || "none";
+      ink.causes.add(cause);
+      ink.add(idle + cause, rec._c - rec.gpu_idle_before_us, rec._c);
+    }
     for (const k of r.phases) {
+      if (k === "idle") continue;
       const v = k === "compute" ? rec._cs : rec.gpu && rec.gpu[k];
       if (!v || v[0] === null || v[1] === null) continue;
       const key = rankLaneKey(r.rank, k);
@@ -238,7 +247,8 @@ function ganttLayers(ink, geo, tp, spec) {
       // a CPU rank's compute is its host forward: drawn as rank 0's host compute is
       lanes.push(lane(key, k === "compute" ? [layer(key, COLOR.compute, r.host ? 0.45 : 1),
                                               layer(rankLaneKey(r.rank, "allreduce"), COLOR.allreduce, r.host ? 0.7 : 1)]
-                                           : [layer(key, COLOR[k])]));
+                         : k === "idle" ? sortedCauses.map(c => layer(key + ": " + c, causeColor(c)))
+                         : [layer(key, COLOR[k])]));
     }
   }
   const washes = cov.gap ? [{ top: spec.y.h2d * geo.lane, bottom: (spec.y.d2h + 1) * geo.lane, cov: cov.gap,

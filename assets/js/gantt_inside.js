@@ -8,17 +8,18 @@ const fmtUs = us => (us >= 1000 ? (us / 1000).toFixed(2) + " ms" : (+us).toFixed
 
 // An imported step's idle inside its compute span: each kept stretch where it was, the rest spread evenly over
 // the span (its share of the time is right at any zoom, only its place inside the step is not), taken out of
-// the compute bar so that the bar's ink is what the device ran, and (rank 0, which has the idle lane) drawn
-// there by its cause.
-export function insideInk(ink, s, computeKey, onIdleLane) {
+// the compute bar so that the bar's ink is what the device ran, and drawn by cause on the idle lane whose layers
+// are named `idlePrefix` + cause (none: no idle lane to draw on).
+export function insideInk(ink, s, computeKey, idlePrefix) {
   const span = s._cs;
   if (!span || !(span[1] > span[0])) return;
+  const rank0 = idlePrefix === "idle: ";
   const idle = (c, a, b, w) => {
     ink.addW(computeKey, a, b, -w);
-    if (!onIdleLane) return;
+    if (!idlePrefix) return;
     ink.causes.add(c);
-    ink.addW("idle: " + c, a, b, w);
-    ink.inside.drawn += w * (b - a);
+    ink.addW(idlePrefix + c, a, b, w);
+    if (rank0) ink.inside.drawn += w * (b - a);
   };
   for (const [a, b, c] of s.idle_inside_stretches || []) idle(c, a, b, 1);
   const len = span[1] - span[0];

@@ -41,6 +41,7 @@ export const rankLaneKey = (rank, phase) => "r" + rank + ":" + phase;
 export function rankLaneLabel(r, phase) {
   const m = /^cuda:(\d+)$/.exec(r.device || "");
   const name = r.host || !m ? "rank " + r.rank : "GPU" + m[1];
+  if (phase === "idle") return "GPU idle · " + name;          // one GPU idle lane per GPU, suffixed with its rank
   return name + " · " + (phase === "compute" ? "compute" : phase.toUpperCase());
 }
 

@@ -80,11 +80,14 @@ def _trace_fields(plan: StepPlan, spans: StepSpans | None, before: Gap | None, i
     return out
 
 
-def rank_step_record(number: int, rank: int, mode: str, spans: StepSpans, inside: Gap | None,
+def rank_step_record(number: int, rank: int, mode: str, spans: StepSpans, before: Gap | None, inside: Gap | None,
                      shift: float) -> dict:
     gpu = {k: _span(v, shift) for k, v in (("h2d", spans.h2d), ("compute", spans.compute), ("d2h", spans.d2h))
            if v is not None}
+    parts = _parts(before)
     return {"step": number, "rank": rank, "mode": mode, "gpu": gpu, "compute_us": gpu.get("compute"),
+            "gpu_idle_before_us": _r(before.total_us) if before is not None else None,
+            "idle_cause": max(parts, key=parts.get) if parts else None, "idle_by_cause_us": parts,
             "collective_us": _r(spans.collective_us),
             "gpu_idle_inside_us": _r(inside.total_us if inside is not None else 0.0),
             "idle_inside_by_cause_us": _parts(inside), **inside_ink(inside, shift)}

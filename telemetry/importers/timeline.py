@@ -90,23 +90,35 @@ def _rank_steps(fa: FileAnalysis, lane, rank: int, shift: float, same_file: bool
         sp = lane.spans[k]
         if sp is None or sp.compute is None:
             continue
-        rec = put_shares(rank_step_record(plan.number, rank, fa.modes[k], sp, lane.inside[k], shift), share)
+        rec = put_shares(rank_step_record(plan.number, rank, fa.modes[k], sp, lane.between[k], lane.inside[k],
+                                          shift), share)
         if not same_file:
             number = _overlapping_step(rec["compute_us"], ref_spans, starts)
             if number is None:
                 continue
             rec["step"] = number
         if rec["step"] in out:                      # two of its steps fall in one of rank 0's: one span
+            _merge_into(rec, out[rec["step"]])
             old = out[rec["step"]]["compute_us"]
             rec["compute_us"] = rec["gpu"]["compute"] = [min(old[0], rec["compute_us"][0]),
                                                          max(old[1], rec["compute_us"][1])]
-            _merge_into(rec, out[rec["step"]])
         out[rec["step"]] = rec
     return list(out.values())
 
 
 def _merge_into(rec: dict, old: dict) -> None:
-    """Two of a rank's steps in one of rank 0's: the earlier one's counts and idle stretches count too."""
+    """Two of a rank's steps in one of rank 0's (before `rec`'s span is widened): the earlier one's counts and
+    idle stretches count too, and the gap between the two is idle inside the merged step, where it was."""
+    gap, start = rec.get("gpu_idle_before_us"), rec["compute_us"][0]
+    if gap:
+        rec.setdefault("idle_inside_stretches", []).insert(0, [round(start - gap, 1), start,
+                                                               rec.get("idle_cause") or "host_other"])
+        rec["gpu_idle_inside_us"] = round(rec.get("gpu_idle_inside_us", 0.0) + gap, 1)
+        inside = rec.setdefault("idle_inside_by_cause_us", {})
+        for cause, us in (rec.get("idle_by_cause_us") or {}).items():
+            inside[cause] = round(inside.get(cause, 0.0) + us, 1)
+    for key in ("gpu_idle_before_us", "idle_cause", "idle_by_cause_us"):      # the merged step's gap: the first's
+        rec[key] = old.get(key)
     for key in ("device_ops_us", "device_ops_before_us", "collective_us", "gpu_idle_inside_us"):
         if key in old or key in rec:
             rec[key] = round(old.get(key, 0.0) + rec.get(key, 0.0), 1)
