@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
     w.add_argument("--json", metavar="FILE", default=None, help="write the batchscope.whatif/1 result here")
     w.add_argument("--verify", action="store_true",
                    help="then run the changed configuration for real on the same load and score the prediction")
-    w.add_argument("--runs", type=int, default=5, metavar="N",
+    w.add_argument("--runs", type=int, default=3, metavar="N",
                    help="simulations per prediction, each drawing its own step-time noise (the interval)")
     w.set_defaults(func=run)
 

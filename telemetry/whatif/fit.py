@@ -23,7 +23,11 @@ class Fit:
     seen_max: dict = field(default_factory=dict)       # the largest value of each feature the fit saw
 
     def predict(self, x: dict) -> float:
-        return max(MIN_US, sum(c * x.get(n, 1.0 if n == "one" else 0.0) for n, c in zip(self.names, self.coef)))
+        total = 0.0
+        for name, c in zip(self.names, self.coef):
+            if c:
+                total += c if name == "one" else c * x.get(name, 0.0)
+        return max(MIN_US, total)
 
     def draw(self, x: dict, rng: random.Random | None) -> float:
         """The fitted value times one relative residual drawn from the fit's own (none: the fitted value)."""

@@ -71,7 +71,8 @@ def measure(config: EngineConfig, mode: str, load: list[LoadItem], rate: float, 
     if recording_device == "cuda" and not torch.cuda.is_available():
         raise WhatIfError("the recording ran on a GPU and this machine has none: --verify runs where it was "
                           "recorded")
-    config = dataclasses.replace(config, mode=mode)
+    # where it was recorded: a CPU recording stays on the CPU even where "auto" would pick a GPU
+    config = dataclasses.replace(config, mode=mode, device="cpu" if recording_device == "cpu" else config.device)
     load = sorted(load, key=lambda i: i.arrival_us)
     timeline = run_load(config, load, rate)
     rec = from_timeline(timeline, "the verify run")
