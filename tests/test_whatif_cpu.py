@@ -84,3 +84,38 @@ def test_a_doubled_arrival_rate_is_predicted_then_measured(tmp_path, capsys):
         assert entry["predicted"]["duration_s"] < 0.8 * entry["replayed"]["duration_s"]
 
     _attempts(tmp_path, capsys, ("rate=2",), change)
+
+
+def test_an_ab_recording_is_predicted_per_loop_from_its_own_half():
+    """An A/B recording (a burst in sync, the same burst in async): each loop's prediction replays its own half."""
+    from batchscope.engine.config import SamplingParams
+    from batchscope.engine.engine import Engine
+    from batchscope.telemetry import Telemetry
+    from batchscope.telemetry.whatif import predict
+    from batchscope.telemetry.whatif.recording import from_timeline
+
+    engine = Engine(EngineConfig(**{**CONFIG, "mode": "sync"}))
+    telemetry = Telemetry(engine)
+    try:
+        rng = random.Random(2)
+        prompts = [[rng.randrange(1000) for _ in range(rng.randint(16, 96))] for _ in range(6)]
+        params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+        engine.generate(prompts[:1], params)                  # warm-up, not recorded
+        telemetry.start_recording("ab")
+        engine.generate(prompts, params)
+        engine.set_mode("async")
+        engine.generate(prompts, params)
+        telemetry.stop_recording()
+        timeline = telemetry.timeline("ab")
+    finally:
+        telemetry.close()
+        engine.close()
+    rec = from_timeline(timeline, "ab")
+    assert {m: len(s.load) for m, s in rec.segments.items()} == {"sync": 6, "async": 6}
+    both = predict(rec, {"max_batch_tokens": 64}, runs=1)["modes"]
+    assert set(both) == {"sync", "async"}
+    for mode, entry in both.items():
+        assert entry["recorded"]["mode"] == mode and entry["predicted"]["requests"] == 6
+        assert entry["predicted"]["output_tokens_per_s"] > 0
+    only = predict(rec, {"mode": "sync"}, runs=1)["modes"]
+    assert list(only) == ["sync"] and only["sync"]["recorded"]["mode"] == "sync"
