@@ -1,8 +1,8 @@
 """`batchscope compare` on real CPU recordings of tiny-random, made on this (busy, shared) machine.
 
-Two engines are recorded side by side in one process, their bursts alternating (BASE, NEW, NEW, BASE, ...), so
-that load from other processes falls on both sides alike: the design the compare's noise model assumes of two
-runs meant to be compared. The real slowdown is a model with three times the layers (6 instead of 2, the same
+Two engines are recorded side by side in one process, 16 short bursts each, alternating (BASE, NEW, NEW, BASE,
+...), so that load from other processes falls on both sides alike: the design the compare's noise model assumes
+of two runs meant to be compared (it resamples each burst whole). The real slowdown is a model with three times the layers (6 instead of 2, the same
 shapes otherwise): every decode step computes three times the layers, which no background load on this machine
 imitates. Bounds are loose on purpose: the test must hold on a busy 2-core machine.
 """
@@ -19,7 +19,7 @@ from batchscope.app.cli import main  # noqa: E402
 from batchscope.telemetry import Telemetry  # noqa: E402
 from batchscope.telemetry.compare import Recording, compare  # noqa: E402
 
-BURSTS, REQUESTS, PROMPT, NEW_TOKENS = 6, 8, 24, 32
+BURSTS, REQUESTS, PROMPT, NEW_TOKENS = 16, 8, 24, 24
 
 
 def _deeper_tiny_random(folder, layers: int) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 from . import noise
 from .context import basis_of, end_to_end, recording_sides, settings_changed, side_info
 from .inputs import CompareInputError, Recording
-from .shapes import HOST_PHASES, UNKNOWN, key_label, recording_facts, step_figures, step_key
+from .shapes import HOST_PHASES, NOT_STEP_TIME, UNKNOWN, key_label, recording_facts, step_figures, step_key
 
 SCHEMA_ID = "batchscope.compare/1"
 MIN_BUCKET_STEPS = 5            # a bucket compared needs this many timed steps on each side
@@ -118,11 +118,18 @@ def _timed_steps(recordings: list[Recording], with_mode: bool) -> list[tuple]:
     out = []
     for i, rec in enumerate(recordings):
         facts = recording_facts(rec.timeline)
-        for step in rec.timeline["steps"]:
-            figs = step_figures(step)
-            if figs is not None:
-                out.append((i, step_key(step, facts, with_mode), figs))
+        timed = [(step, figs) for step in rec.timeline["steps"] if (figs := step_figures(step)) is not None]
+        blocks = noise.block_ids([_paused_before(step) for step, _ in timed])
+        for (step, figs), block in zip(timed, blocks):
+            figs["_block"] = int(block)
+            out.append((i, step_key(step, facts, with_mode), figs))
     return out
+
+
+def _paused_before(step: dict) -> bool:
+    """Whether the load paused before this step (no request existed for part of the gap)."""
+    return step.get("idle_cause") in NOT_STEP_TIME or any(
+        (step.get("idle_by_cause_us") or {}).get(cause) for cause in NOT_STEP_TIME)
 
 
 def _count(rows: list[tuple]) -> dict:
@@ -163,12 +170,9 @@ def _no_common_shapes(counts: dict) -> str:
 def _arrays(rows: list[tuple], index: dict) -> SideSteps:
     mine = [(i, index[k], f) for i, k, f in rows if k in index]
     recording = np.array([i for i, _, _ in mine], dtype=np.int64)
-    block = np.zeros(len(mine), dtype=np.int64)
-    for r in np.unique(recording):
-        where = np.flatnonzero(recording == r)
-        block[where] = noise.block_ids(where.size)
+    block = np.array([f["_block"] for _, _, f in mine], dtype=np.int64)
     side = SideSteps(bucket=np.array([b for _, b, _ in mine], dtype=np.int64), recording=recording, block=block)
-    names = {n for _, _, f in mine for n, v in f.items() if n != "causes"}
+    names = {n for _, _, f in mine for n in f if n != "causes" and not n.startswith("_")}
     names |= {f"cause.{c}" for _, _, f in mine for c in f["causes"]}
     for name in names:
         if name.startswith("cause."):

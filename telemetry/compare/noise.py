@@ -26,7 +26,8 @@ LEVEL = 0.90                          # two-sided: the 5th and 95th percentiles
 # shared machine moves 7% at decode and up to 20% at prefill between two runs of one build; a GPU run 2-4%.
 MIN_EFFECT = {"host": (0.10, 0.03), "gpu": (0.03, 0.01)}
 BLOCK_STEPS = 16                      # consecutive steps resampled together (fewer in short recordings)
-MIN_BLOCKS = 30
+MAX_BLOCK_STEPS = 64                  # ... within one burst of load, when the load paused between bursts
+MIN_BLOCKS = 12
 WINSOR_PCT = (2.0, 98.0)              # a stall in under 2% of a bucket's steps is not the build's speed
 SMALL_GROUP_SIGMAS = 5.0
 # The middle of each bucket's steps: trimmed means drop this share of the weight at each end. A CPU engine on a
@@ -43,10 +44,22 @@ def min_effect(basis: str, runs_per_side: int) -> float:
     return several if runs_per_side >= 2 else one
 
 
-def block_ids(n_steps: int) -> np.ndarray:
-    """Each step's block within its recording: BLOCK_STEPS long, shorter where that would leave too few blocks."""
-    length = max(1, min(BLOCK_STEPS, n_steps // MIN_BLOCKS))
-    return np.arange(n_steps) // length
+def block_ids(pauses: list[bool]) -> np.ndarray:
+    """Each step's block within its recording (`pauses`: whether the load paused before each step, in order).
+    A block never spans a pause, so a burst of work is resampled whole (the machine's state shifts between
+    bursts); blocks are cut every MAX_BLOCK_STEPS within a burst, every BLOCK_STEPS where the load never paused,
+    and shorter where that would leave fewer than MIN_BLOCKS blocks."""
+    n = len(pauses)
+    cap = MAX_BLOCK_STEPS if any(pauses[1:]) else BLOCK_STEPS
+    cap = max(1, min(cap, n // MIN_BLOCKS))
+    ids = np.empty(n, dtype=np.int64)
+    current, length = -1, 0
+    for i, pause in enumerate(pauses):
+        if i == 0 or pause or length >= cap:
+            current, length = current + 1, 0
+        ids[i] = current
+        length += 1
+    return ids
 
 
 def resample_weights(recording_of_step: np.ndarray, block_of_step: np.ndarray, resamples: int,
@@ -59,7 +72,7 @@ def resample_weights(recording_of_step: np.ndarray, block_of_step: np.ndarray, r
              else np.ones((resamples, 1), dtype=np.int64))
     for r in range(n_rec):
         mine = np.flatnonzero(recording_of_step == r)
-        blocks = block_of_step[mine]
+        _, blocks = np.unique(block_of_step[mine], return_inverse=True)     # blocks with a step here
         n_blocks = int(blocks.max()) + 1
         counts = rng.multinomial(picks[:, r] * n_blocks, [1.0 / n_blocks] * n_blocks)
         weights[:, mine] = counts[:, blocks]
