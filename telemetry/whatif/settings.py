@@ -73,6 +73,9 @@ def apply(rec: Recording, settings: dict) -> EngineConfig:
         changes["budget_max_tokens"] = None
     if rec.config.num_blocks is None and "num_blocks" not in changes:
         changes["num_blocks"] = int(rec.info.get("num_blocks") or 0) or None
+    if changes.get("num_blocks", rec.config.num_blocks) is None:
+        raise WhatIfError(f"{rec.name}: the recording does not say how many KV blocks its engine had: give it "
+                          f"with --set num_blocks=N")
     config = dataclasses.replace(rec.config, **changes)
     try:
         config.validate()
