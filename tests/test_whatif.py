@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,10 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
     garbage.write_text("{not json")
     assert "not a batchscope timeline" in _refused(capsys, [garbage])
     assert "folder does not exist" in _refused(capsys, [CPU_ASYNC, "--json", tmp_path / "no" / "w.json"])
+
+
+def test_the_command_line_loads_nothing_heavy_until_whatif_runs():
+    code = ("import sys; from batchscope.app.cli import build_parser; build_parser().parse_args(['whatif', 'x']); "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

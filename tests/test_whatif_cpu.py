@@ -45,6 +45,7 @@ def _verify(recording, tmp_path, capsys, *pairs) -> dict:
     assert "measured" in text and "error" in text
     entry = json.loads(out.read_text())["modes"]["async"]
     assert entry["measured"]["requests"] == entry["predicted"]["requests"] == REQUESTS
+    assert isinstance(entry["within_interval"]["output_tokens_per_s"], bool)
     return entry
 
 

@@ -92,4 +92,22 @@ def add_measured(rec, settings: dict, result: dict) -> dict:
         measured = measure(config, mode, seg.load, rate, rec.device_type)
         entry["measured"] = measured
         entry["error_pct"] = error_pct(entry["predicted"], measured)
+        entry["within_interval"] = _within(entry["predicted"]["interval"], measured)
     return result
+
+
+def _within(interval: dict, measured: dict) -> dict:
+    """Per headline figure (and percentile): whether the measurement fell inside the predicted interval."""
+    from .figures import HEADLINE
+
+    def inside(lo, hi, m):
+        return None if None in (lo, hi, m) else lo <= m <= hi
+
+    out: dict = {}
+    for name in HEADLINE:
+        lo, hi, m = interval["low"].get(name), interval["high"].get(name), measured.get(name)
+        if isinstance(m, dict):
+            out[name] = {q: inside((lo or {}).get(q), (hi or {}).get(q), m.get(q)) for q in ("p50", "p90", "p99")}
+        else:
+            out[name] = inside(lo, hi, m)
+    return out
