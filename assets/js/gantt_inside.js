@@ -1,7 +1,7 @@
 /* Idle inside an imported step's compute span (the launch-bound stretches between kernels that CUDA events around
  * a step cannot see; telemetry/importers/steprecords.py inside_ink): its ink on the Gantt and its legend line. */
 import { causeHint, causeLabel } from "./names.js";
-import { causeColor } from "./plot.js";
+import { causeColor, NO_WORK } from "./plot.js";
 import { $, esc } from "./util.js";
 
 const fmtUs = us => (us >= 1000 ? (us / 1000).toFixed(2) + " ms" : (+us).toFixed(us < 10 ? 1 : 0) + " µs");
@@ -19,7 +19,9 @@ export function insideInk(ink, s, computeKey, idlePrefix) {
     if (!idlePrefix) return;
     ink.causes.add(c);
     ink.addW(idlePrefix + c, a, b, w);
-    if (rank0) ink.inside.drawn += w * (b - a);
+    if (!rank0) return;
+    ink.inside.drawn += w * (b - a);
+    if (!NO_WORK.has(c)) ink.addW("gap", a, b, w);        // washed across the GPU lanes, as the gaps before steps
   };
   for (const [a, b, c] of s.idle_inside_stretches || []) idle(c, a, b, 1);
   const len = span[1] - span[0];
