@@ -89,7 +89,10 @@ def run(traces: list[str], output: str | None, kernels: bool, workers: int | Non
         write_timeline(timeline, out)
     except OSError as e:
         return _fail(f"cannot write {out}: {e.strerror or e}")
-    print("\n".join(summary_lines(timeline, out)))
+    try:
+        print("\n".join(summary_lines(timeline, out)), flush=True)
+    except BrokenPipeError:             # `batchscope import T | head`: the reader left; the timeline is written
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
