@@ -13,7 +13,7 @@ from ..stretches import percentiles
 from ..summary import request_metrics
 
 LATENCIES = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
-HEADLINE = ("output_tokens_per_s",) + LATENCIES + ("busy_pct",)
+HEADLINE = ("output_tokens_per_s",) + LATENCIES + ("busy_pct", "step_ms")    # predicted with an interval
 
 
 def _pcts(values) -> dict:
