@@ -7,7 +7,7 @@ between the recording and the run that checks it as much as anywhere: no bound t
 then tell it from a wrong one. So an attempt (record, predict, run) whose figures miss is repeated, up to
 ATTEMPTS times: a model that is right lands within the bounds on a quiet stretch, a wrong one on none. What the
 prediction says about the change itself (the direction, the budget the steps ran with) does not depend on the
-machine and is checked on every attempt."""
+machine, but a fit to a recording the neighbours slowed down can blur it: it is part of an attempt too."""
 from __future__ import annotations
 
 import json
@@ -64,8 +64,7 @@ def _attempts(tmp_path, capsys, pairs: tuple[str, ...], check_change) -> None:
         recording = tmp_path / f"served-{attempt}.timeline.json"
         recording.write_text(json.dumps(run_load(EngineConfig(**CONFIG), served_like_load())))
         entry = _verify(recording, tmp_path, capsys, *pairs)
-        check_change(entry)
-        missed = _misses(entry)
+        missed = _misses(entry) + check_change(entry)
         if not missed:
             return
         misses.append(missed)
@@ -73,17 +72,20 @@ def _attempts(tmp_path, capsys, pairs: tuple[str, ...], check_change) -> None:
 
 
 def test_a_smaller_budget_is_predicted_then_measured(tmp_path, capsys):
-    def change(entry):
-        # 32-token steps chunk every prompt (32-256 tokens): its first token waits for several steps
+    def change(entry) -> list[str]:
         assert entry["predicted"]["budgets"]["fixed"]["tokens_p50"] == 32
-        assert entry["predicted"]["ttft_ms"]["p50"] > 1.1 * entry["replayed"]["ttft_ms"]["p50"]
+        # 32-token steps chunk every prompt (32-256 tokens): its first token waits for several steps (unless the
+        # recording caught the machine so slow that its queue, not the budget, set the TTFT: then try again)
+        before, after = entry["replayed"]["ttft_ms"]["p50"], entry["predicted"]["ttft_ms"]["p50"]
+        return [] if after > 1.1 * before else [f"TTFT p50 predicted {after} ms, replayed {before} ms"]
 
     _attempts(tmp_path, capsys, ("max_batch_tokens=32",), change)
 
 
 def test_a_doubled_arrival_rate_is_predicted_then_measured(tmp_path, capsys):
-    def change(entry):
-        assert entry["predicted"]["duration_s"] < 0.8 * entry["replayed"]["duration_s"]
+    def change(entry) -> list[str]:
+        before, after = entry["replayed"]["duration_s"], entry["predicted"]["duration_s"]
+        return [] if after < 0.8 * before else [f"duration predicted {after} s, replayed {before} s"]
 
     _attempts(tmp_path, capsys, ("rate=2",), change)
 
