@@ -15,7 +15,8 @@ from ..session import Telemetry
 from .figures import figures
 from .recording import LoadItem, WhatIfError, from_timeline
 
-WARMUP_REQUESTS = 4         # the first steps of a process run slower (allocations, first kernels): not measured
+WARMUP_REQUESTS = 8         # the first steps of a process run slower (allocations, first kernels): not measured
+WARMUP_TOKENS = 8
 TIMEOUT_S = 600.0
 
 
@@ -32,9 +33,9 @@ def run_load(config: EngineConfig, load: list[LoadItem], rate: float = 1.0, seed
     try:
         vocab = int(engine.info.get("vocab_size") or 1000)
         rng = random.Random(seed)
-        engine.generate([[rng.randrange(vocab) for _ in range(16)] for _ in range(WARMUP_REQUESTS)],
-                        SamplingParams(max_new_tokens=4, ignore_eos=True))
         prompts = [[rng.randrange(vocab) for _ in range(item.prompt_tokens)] for item in load]
+        # shaped like the load (its first prompts at once, then a few decodes), so the shapes it runs are warm
+        engine.generate(prompts[:WARMUP_REQUESTS], SamplingParams(max_new_tokens=WARMUP_TOKENS, ignore_eos=True))
         telemetry.start_recording("whatif")
         handles = _replay(engine, load, prompts, rate)
         deadline = time.monotonic() + timeout_s
