@@ -63,23 +63,12 @@ def compare(base: list[Recording], new: list[Recording], min_effect_pct: float |
     base_step = stats["step"]
     results = {name: _figure_result(name, st, base_step, m) for name, st in stats.items()}
     buckets = _buckets(matched, stats, counts, mix, m)
-    machine = _machine_speed(results, basis, runs, m)
-    if machine is not None:
-        warnings.append(machine["said"])
-        for fig in [results["step"], results["compute"], *buckets]:
-            if fig["verdict"] in ("slower", "faster"):
-                fig["verdict"] = "inconclusive"
     if any(key[1] == UNKNOWN for key in matched):
         warnings.append("the recordings do not say their steps' shapes (an imported trace): their steps are compared "
                         "as one bucket, so a different mix of prefill and decode steps would read as a change")
-    coverage = _coverage(unmatched)
-    if coverage is not None:
-        warnings.append(coverage)
-        for fig in (results["step"], results["compute"]):
-            fig["verdict"] = "inconclusive"
+    machine = _machine_speed(results, basis, runs, m)
+    reason = _withhold(results, buckets, machine, _coverage(unmatched), warnings)
     step = results["step"]
-    reason = ("coverage" if coverage else "machine_speed" if machine else
-              "interval" if step["verdict"] == "inconclusive" else "measured")
     out = {
         "schema": SCHEMA_ID,
         "verdict": step["verdict"],
@@ -241,6 +230,23 @@ def _figure_result(name: str, st: dict, step_st: dict, m: float) -> dict:
             "share_of_base_step": {"value": _r(share[0]), "low": _r(share[1]), "high": _r(share[2])},
             "verdict": verdict, "judged_by": "ratio" if name in MAIN_FIGURES else "share_of_base_step",
             "per_recording_ms": {"base": [_r(x) for x in b["recordings"]], "new": [_r(x) for x in n["recordings"]]}}
+
+
+def _withhold(results: dict, buckets: list, machine: dict | None, coverage: str | None, warnings: list) -> str:
+    """Takes verdicts away where the rules say the steps cannot speak (the machine's own speed moved; the matched
+    steps hold too little of a run), saying why; returns the overall verdict's reason."""
+    if machine is not None:
+        warnings.append(machine["said"])
+        for fig in [results["step"], results["compute"], *buckets]:
+            if fig["verdict"] in ("slower", "faster"):
+                fig["verdict"] = "inconclusive"
+    if coverage is not None:
+        warnings.append(coverage)
+        for fig in (results["step"], results["compute"]):
+            fig["verdict"] = "inconclusive"
+    if coverage or machine:
+        return "coverage" if coverage else "machine_speed"
+    return "interval" if results["step"]["verdict"] == "inconclusive" else "measured"
 
 
 def _coverage(unmatched: dict) -> str | None:

@@ -31,6 +31,9 @@ def split_sides(recordings: list[str], new: list[str] | None) -> tuple[list[str]
 
 def run(recordings: list[str], new: list[str] | None, json_out: str | None = None, markdown_out: str | None = None,
         fail_above: float | None = None, min_effect: float | None = None) -> int:
+    for option, value in (("--fail-above", fail_above), ("--min-effect", min_effect)):
+        if value is not None and not 0 <= value < 1000:
+            return _fail(f"{option} takes a percentage from 0 to 1000, got {value:g}")
     try:
         base_specs, new_specs = split_sides(recordings, new)
         base = [r for spec in base_specs for r in open_recordings(spec)]
