@@ -3,7 +3,6 @@ the new settings with an interval, and the model replaying the recording unchang
 fitted on). The result is `batchscope.whatif/1` (docs/whatif.md)."""
 from __future__ import annotations
 
-import dataclasses
 import random
 import statistics
 
@@ -157,7 +156,3 @@ def _notes(rec: Recording, model: StepModel, settings: dict) -> list[str]:
         notes.append("the recording ran no eager step: the cost of eager steps is extrapolated from graphed ones")
     return notes
 
-
-def replace_settings(rec: Recording, **changes) -> Recording:
-    """A copy of the recording with another engine config (tests and tools)."""
-    return dataclasses.replace(rec, config=dataclasses.replace(rec.config, **changes))

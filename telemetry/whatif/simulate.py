@@ -12,7 +12,9 @@ records in the timeline's own shape, so recorded and predicted figures come from
 """
 from __future__ import annotations
 
+import bisect
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
 from batchscope.engine.budget import make_budget
@@ -58,8 +60,8 @@ class VirtualEngine:
         self.allocator = BlockAllocator(config.num_blocks)
         self.scheduler = Scheduler(self.allocator, config.block_size, budget, config.max_running, max_model_len)
         t0 = min(i.arrival_us for i in load)
-        self.pending = [(t0 + (i.arrival_us - t0) / rate, i) for i in load]     # rate scales the gaps
-        self.pending.sort(key=lambda p: p[0])
+        self.pending = deque(sorted(((t0 + (i.arrival_us - t0) / rate, i) for i in load),   # rate scales the gaps
+                                    key=lambda p: p[0]))
         self.records: dict[str, dict] = {}
         self.t = self.pending[0][0]
         self.device_free = self.t
@@ -111,12 +113,13 @@ class VirtualEngine:
             if not self.scheduler.running and not self.scheduler.queue:
                 self.idle_spans.append((self.t, self.pending[0][0]))
             self.t = self.pending[0][0]
-        elif not self.pending and not self.scheduler.running:
-            self.scheduler.queue.clear()        # nothing left that can ever run (counted as unfinished)
+        elif not self.pending:                  # nothing will arrive and nothing could be scheduled: what is
+            self.scheduler.queue.clear()        # left can never run (counted as unfinished), never a loop
+            self.scheduler.running.clear()
 
     def _arrivals(self) -> None:
         while self.pending and self.pending[0][0] <= self.t:
-            t, item = self.pending.pop(0)
+            t, item = self.pending.popleft()
             params = SamplingParams(max_new_tokens=item.output_tokens, ignore_eos=True)
             req = Request(item.id, [0] * item.prompt_tokens, params, 0, arrival_ns=int(t * 1000))
             self.scheduler.add(req)
@@ -209,6 +212,7 @@ class VirtualEngine:
     # -- records ---------------------------------------------------------------------------------------------
     def _result(self) -> SimResult:
         steps, why, extrapolated = [], {}, 0
+        self._idle_ends = [b for _a, b in self.idle_spans]
         prev_end = None
         for i, st in enumerate(self.steps):
             if st.extrapolated:
@@ -237,7 +241,8 @@ class VirtualEngine:
         rule), 'empty_queue' while the engine had no request, 'host_other' for the loop between phases."""
         out: dict[str, float] = {}
         covered = 0.0
-        spans = [(a, b, "empty_queue") for a, b in self.idle_spans if b > g0 and a < g1]
+        first = bisect.bisect_right(self._idle_ends, g0)      # idle spans are in time order and never overlap
+        spans = [(a, b, "empty_queue") for a, b in self.idle_spans[first:first + 4] if a < g1]
         spans += [(a, b, p) for st in self.steps[max(0, i - 2):i + 1] for p, (a, b) in st.host.items()]
         for a, b, label in spans:
             part = max(0.0, min(b, g1) - max(a, g0))
