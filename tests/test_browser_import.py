@@ -176,3 +176,25 @@ def test_a_replayed_sync_trace_forecasts_without_advising_a_switch(browser):
     finally:
         page.close()
         srv.stop()
+
+
+def test_a_finished_recording_is_worded_as_finished(browser):
+    """A replayed trace will get no more steps and holds no requests: the board and the slowest-requests table say
+    so without a live engine's "yet" / "so far", and do not ask for a burst the replay cannot fire."""
+    trace = FIXTURES / "transformers-h200-sync.pt.trace.json.gz"
+    srv = ServerThread(create_app(AppState.from_replay_file(trace))).start()
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    try:
+        page.goto(srv.url + "/")
+        page.wait_for_selector("#bs-board .bs-verdict-line", timeout=T)
+        page.wait_for_function("document.querySelector('#bs-slowest tbody, table tbody') !== null", timeout=T)
+        page.wait_for_function("[...document.querySelectorAll('td.muted')].some(td => td.textContent.length > 10)",
+                               timeout=T)
+        board = page.text_content("#bs-board")
+        assert "not enough steps" in board                      # six steps: too few to compare, and said
+        assert " yet" not in board and "so far" not in board, board
+        muted = page.evaluate("[...document.querySelectorAll('td.muted')].map(td => td.textContent).join(' | ')")
+        assert "no finished request in this recording" in muted and "fire a burst" not in muted, muted
+    finally:
+        page.close()
+        srv.stop()

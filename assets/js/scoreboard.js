@@ -57,7 +57,7 @@ function ratioHtml(key, b) {
 }
 
 // What the steps support, in one sentence: the verdict with its interval and n, or why there is none yet.
-export function verdictHtml(c, cls = "bs-verdict-line") {
+export function verdictHtml(c, cls = "bs-verdict-line", live = true) {
   if (!c) return "";
   const n = c.n ? `n = ${c.n.sync} / ${c.n.async} decode steps` : "";
   const sizes = c.batch_sizes && c.batch_sizes.length
@@ -68,9 +68,11 @@ export function verdictHtml(c, cls = "bs-verdict-line") {
   } else if (c.verdict === "within noise") {
     head = `<b>no clear difference</b>`;
   } else {
-    head = `<b>not enough steps yet</b>`;
+    head = live ? `<b>not enough steps yet</b>` : `<b>not enough steps</b>`;
   }
-  const detail = c.ms_per_step ? `${esc(c.reason || "")} · ${n}${sizes}` : esc(c.reason || "");
+  // a finished recording will get no more steps: its reason loses the live engine's "so far"
+  const reason = live ? c.reason || "" : (c.reason || "").replace(/ so far$/, "");
+  const detail = c.ms_per_step ? `${esc(reason)} · ${n}${sizes}` : esc(reason);
   return `<div class="${cls}" data-verdict="${esc(c.verdict || "")}" title="${esc(c.basis || "")}">${head} ` +
     `<span>${detail}</span></div>`;
 }
@@ -107,8 +109,8 @@ function forecastHtml(b, live) {
 }
 
 // Which steps a mode's column stands on: one stretch's range, or how many stretches and steps.
-function spanText(f) {
-  if (!f || !f.steps) return "no steps yet";
+function spanText(f, live) {
+  if (!f || !f.steps) return live ? "no steps yet" : "no steps";
   const ranges = f.ranges || [];
   return ranges.length > 1 ? `${ranges.length} stretches · ${f.steps} steps` : `steps ${f.first_step}–${f.last_step}`;
 }
@@ -139,14 +141,14 @@ function boardHtml(b, live) {
   const table = `<div class="bs-board-head"><span class="bs-board-title">sync vs async</span>` +
     `<span class="bs-board-scope">${scope}</span></div>` +
     `<table class="bs-board-table"><thead><tr><th></th>${head("sync")}${head("async")}<th class="bs-ratio-h" scope="col">async vs sync</th></tr></thead>` +
-    `<tbody>${rows}</tbody><tfoot><tr><th></th><td>${spanText(s)}</td><td>${spanText(a)}</td><td></td></tr></tfoot></table>`;
+    `<tbody>${rows}</tbody><tfoot><tr><th></th><td>${spanText(s, live)}</td><td>${spanText(a, live)}</td><td></td></tr></tfoot></table>`;
   const strip = `<table class="bs-board-strip"><thead><tr><th scope="col" title="${scope}"><span class="bs-board-title">sync vs async</span>` +
     `<small>${live ? "newest " + b.window_s + " s" : "whole recording"}</small></th>` + ROWS.map(r => `<th scope="col" title="${esc(hint(r))}">${label(r)}</th>`).join("") + `</tr></thead><tbody>` +
-    ["sync", "async"].map(m => `<tr class="${m}"><th scope="row" class="bs-bm ${m}${now(m)}">${m}${nowTag(m)}<small>${spanText(b.modes[m])}</small></th>` +
+    ["sync", "async"].map(m => `<tr class="${m}"><th scope="row" class="bs-bm ${m}${now(m)}">${m}${nowTag(m)}<small>${spanText(b.modes[m], live)}</small></th>` +
       ROWS.map(r => `<td>${cell(r, b.modes[m] || {})}</td>`).join("") + `</tr>`).join("") +
     `<tr class="bs-ratio-row"><th scope="row">async vs sync</th>` + ROWS.map(r => `<td class="bs-ratio">${ratioHtml(r.key, b)}</td>`).join("") +
     `</tr></tbody></table>`;
-  return headlineHtml(live) + traceNotesHtml(live) + table + strip + verdictHtml(b.compare) + forecastHtml(b, live) +
+  return headlineHtml(live) + traceNotesHtml(live) + table + strip + verdictHtml(b.compare, undefined, live) + forecastHtml(b, live) +
     rankTableHtml(currentData());
 }
 

@@ -156,7 +156,10 @@ function toggleSwitchView() {
   }
   const d = currentData();
   const change = d.mode_changes[d.mode_changes.length - 1];
-  if (!change) { note("no mode switch yet: S or A makes one", true); return; }
+  if (!change) {
+    note(view.source === "live" ? "no mode switch yet: S or A makes one" : "no mode switch in this recording", true);
+    return;
+  }
   let i = d.steps.findIndex(s => s.step >= change.step);
   if (i < 0) i = d.steps.length - 1;
   const a = d.steps[Math.max(0, i - SWITCH_STEPS)], b = d.steps[Math.min(d.steps.length - 1, i + SWITCH_STEPS - 1)];

@@ -82,7 +82,9 @@ export async function refreshSlowest() {
     `<tr data-id="${esc(r.id)}" title="Show ${esc(r.id)} on the Gantt"><td>${esc(r.id)}</td><td>${ms(r.e2e_ms)}</td>` +
     `<td>${ms(r.ttft_ms)}</td><td>${ms(r.itl_max_ms)}</td><td>${r.prompt_tokens ?? "–"}</td><td>${r.output_tokens ?? "–"}</td>` +
     `<td>${r.preemptions || 0}</td><td>${esc((r.modes || []).join(", ") || "–")}</td></tr>`).join("") ||
-    `<tr><td colspan="8" class="muted">no finished request in this timeline yet: fire a burst</td></tr>`;
+    `<tr><td colspan="8" class="muted">${state.view.source === "live"
+      ? "no finished request in this timeline yet: fire a burst"
+      : "no finished request in this recording (a profiler trace holds none)"}</td></tr>`;
   const body = table.tBodies[0];
   if (body.innerHTML !== html) body.innerHTML = html;     // (a row under the cursor stays the same element)
   table.dataset.rows = String(out.requests.length);
