@@ -152,3 +152,27 @@ def test_the_command_line_loads_nothing_heavy_until_whatif_runs():
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_new_load_replaces_the_recorded_one():
+    rec = open_recording(str(H200_SYNC))
+    asked = {"requests": 48, "prompt_tokens": (64, 64), "new_tokens": (16, 16), "arrival": "poisson", "seed": 3}
+    entry = predict(rec, asked, runs=1)["modes"]["sync"]
+    assert entry["predicted"]["requests"] == 48
+    assert entry["predicted"]["output_tokens"] == 48 * 16
+    burst = predict(rec, {**asked, "arrival": "burst"}, runs=1)["modes"]["sync"]["predicted"]
+    assert burst["ttft_ms"]["p90"] > entry["predicted"]["ttft_ms"]["p90"]     # all at once: the last ones queue
+    assert predict(rec, asked, runs=1)["modes"] == predict(rec, asked, runs=1)["modes"]        # seeded
+
+
+@pytest.mark.parametrize("pairs, words", [
+    (["prompt_tokens=9:3"], "must be N or MIN:MAX"),
+    (["new_tokens=0"], "must be N or MIN:MAX"),
+    (["arrival=uniform"], "must be one of burst, poisson, gamma"),
+    (["requests=0"], "must be an integer >= 1"),
+    (["seed=x"], "must be an integer >= 0"),
+    (["burstiness=0"], "must be a positive number"),
+])
+def test_bad_load_settings_get_one_line(pairs, words):
+    with pytest.raises(WhatIfError, match=words):
+        parse(pairs)

@@ -84,13 +84,14 @@ def measure(config: EngineConfig, mode: str, load: list[LoadItem], rate: float, 
 def add_measured(rec, settings: dict, result: dict) -> dict:
     """--verify: each predicted loop run for real; `measured` and the prediction's `error_pct` added."""
     from .figures import error_pct
+    from .load import reshape
     from .settings import apply
 
     config = apply(rec, settings)
     rate = float(settings.get("rate", 1.0))
     for mode, entry in result["modes"].items():
         seg = rec.segments.get(mode) or next(iter(rec.segments.values()))
-        measured = measure(config, mode, seg.load, rate, rec.device_type)
+        measured = measure(config, mode, reshape(seg.load, settings), rate, rec.device_type)
         entry["measured"] = measured
         entry["error_pct"] = error_pct(entry["predicted"], measured)
         entry["within_interval"] = _within(entry["predicted"]["interval"], measured)

@@ -8,6 +8,7 @@ import statistics
 
 from ..forecast import forecast_async
 from .figures import HEADLINE, error_pct, figures
+from .load import LOAD_KEYS, reshape
 from .model import StepModel, build
 from .recording import Recording
 from .settings import KEYS, apply, max_model_len
@@ -28,10 +29,11 @@ def predict(rec: Recording, settings: dict, runs: int = RUNS) -> dict:
     for mode in modes:
         seg = rec.segments.get(mode) or next(iter(rec.segments.values()))
         recorded = {"mode": seg.mode, **figures(seg.steps, seg.requests)}
-        unchanged = mode == seg.mode and config == base and rate == 1.0
+        load = reshape(seg.load, settings)
+        unchanged = mode == seg.mode and config == base and rate == 1.0 and load is seg.load
         # the replay only measures the model's error on its own recording: one run does (a long load: seconds)
         replayed = _simulate(model, base, seg.mode, seg.load, 1.0, rec, runs if unchanged else 1)
-        predicted = replayed if unchanged else _simulate(model, config, mode, seg.load, rate, rec, runs)
+        predicted = replayed if unchanged else _simulate(model, config, mode, load, rate, rec, runs)
         replay_error = error_pct(replayed, recorded)
         if predicted is replayed:
             predicted = dict(replayed)
@@ -136,8 +138,9 @@ def _settings(base, config, rate: float, asked: dict) -> dict:
 
     recorded = {**pick(base), "rate": 1.0}
     whatif = {**pick(config), "rate": rate}
-    if "mode" in asked:
-        whatif["mode"] = asked["mode"]
+    for key in ("mode",) + LOAD_KEYS:
+        if key in asked:
+            whatif[key] = asked[key]
     return {"asked": dict(asked), "recorded": recorded, "whatif": whatif}
 
 
@@ -150,6 +153,9 @@ def _notes(rec: Recording, model: StepModel, settings: dict) -> list[str]:
         if src != mode:
             notes.append(f"no {mode} steps recorded: {mode}'s host phases are the {src} loop's, its loop gaps "
                          f"moved as docs/whatif.md says (extrapolated)")
+    if any(k in settings for k in LOAD_KEYS):
+        notes.append("a new load (" + ", ".join(k for k in LOAD_KEYS if k in settings) + "): the recorded figures "
+                     "are the recorded load's, the prediction is the new one's")
     if rec.left_out:
         notes.append(f"{rec.left_out} recorded request(s) left out of the load: unfinished or without output")
     if model.basis == "gpu" and not model.device.seen_max.get("eager") and settings.get("mixed_graphs") is False:

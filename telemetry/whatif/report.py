@@ -26,7 +26,8 @@ def _fmt(v) -> str:
 
 def text_lines(result: dict) -> list[str]:
     s = result["settings"]
-    changed = ", ".join(f"{k}={v}" for k, v in s["asked"].items()) or "nothing (the model replays the recording)"
+    changed = (", ".join(f"{k}={_setting(v)}" for k, v in s["asked"].items())
+               or "nothing (the model replays the recording)")
     lines = [f"what if {changed}: {result['recording']['file']} ({result['recording']['model']} on "
              f"{result['recording']['device']}, {result['recording']['requests']} requests)"]
     for mode, entry in result["modes"].items():
@@ -67,3 +68,11 @@ def text_lines(result: dict) -> list[str]:
 def _replay_error(entry: dict) -> str:
     err = (entry.get("replayed") or {}).get("error_pct", {}).get("output_tokens_per_s")
     return "unknown" if err is None else f"{err:+.1f}%"
+
+
+def _setting(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ":".join(str(v) for v in value)
+    if value is None:
+        return "adaptive"
+    return str(value)
