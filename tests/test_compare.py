@@ -190,7 +190,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
              ([good, str(tmp_path / "junk.json")], "not a timeline"),
              ([good, good, good], "3 recordings given"),
              ([good, trace], "a profiler trace"),
-             ([good, good, "--fail-above", "-5"], "a percentage from 0"),
+             ([good, good, "--fail-above", "-5"], "a percentage of 0 or more"),
              ([good, other], "no shape ran on both sides")]
     for args, said in cases:
         capsys.readouterr()

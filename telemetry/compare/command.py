@@ -7,6 +7,7 @@ hardware) is the first line printed.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -32,8 +33,8 @@ def split_sides(recordings: list[str], new: list[str] | None) -> tuple[list[str]
 def run(recordings: list[str], new: list[str] | None, json_out: str | None = None, markdown_out: str | None = None,
         fail_above: float | None = None, min_effect: float | None = None) -> int:
     for option, value in (("--fail-above", fail_above), ("--min-effect", min_effect)):
-        if value is not None and not 0 <= value < 1000:
-            return _fail(f"{option} takes a percentage from 0 to 1000, got {value:g}")
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            return _fail(f"{option} takes a percentage of 0 or more, got {value:g}")
     try:
         base_specs, new_specs = split_sides(recordings, new)
         base = [r for spec in base_specs for r in open_recordings(spec)]
