@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
                                    "clock, each step timed by a model fitted to the recording's steps, with the "
                                    "settings changed. Keys: mode, max_batch_tokens (N or adaptive), itl_target_ms, "
                                    "max_running, num_blocks, mixed_graphs (on/off), rate (x the recorded arrival "
-                                   "rate). docs/whatif.md.")
+                                   "rate); a new load: arrival (burst/poisson/gamma), burstiness, requests, "
+                                   "prompt_tokens and new_tokens (N or MIN:MAX), seed. docs/whatif.md.")
     w.add_argument("recording", metavar="RECORDING", help="a batchscope.timeline/1 file (.gz or not) of our engine "
                                                           "serving a load")
     w.add_argument("--set", dest="settings", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
