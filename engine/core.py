@@ -22,6 +22,7 @@ from .scheduler import Scheduler, StepPlan
 from .trace import ModeChange, RankSpans, StepTrace
 
 now = time.perf_counter_ns
+cpu_now = time.thread_time_ns       # the engine thread's CPU time: read beside the wall clock at each phase boundary
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Step:
     mode: str
     launched: Launched | None = None
     host: dict = field(default_factory=dict)
+    host_cpu: dict = field(default_factory=dict)    # phase -> the engine thread's CPU ns in it (beside `host`)
     built_during_step: int | None = None     # the step in flight while this one was built (async), else None
     arrivals: list = field(default_factory=list)
     batch: object = None
@@ -158,7 +160,7 @@ class EngineCore:
         marks = self.profiling
         if self.scheduler.running or self.scheduler.queue or not self.inbox.empty():
             marks.before_build()     # an idle engine's polls leave a window pending until there is work
-        t0 = now()
+        t0, c0 = now(), cpu_now()
         with marks.range("schedule"):
             self._drain_inbox()
             plan = self.scheduler.schedule(self.step_counter, in_flight.plan if in_flight else None)
@@ -169,7 +171,7 @@ class EngineCore:
         step = Step(plan, mode, built_during_step=in_flight.plan.step if in_flight else None,
                     kv_blocks_used=self.scheduler.allocator.num_used)
         step.arrivals, self._new_arrivals = self._new_arrivals, []
-        t1 = now()
+        t1, c1 = now(), cpu_now()
         try:
             with marks.range("fill", plan):
                 step.batch = self.runner.prepare(plan)
@@ -178,36 +180,39 @@ class EngineCore:
             return None
         step.host["schedule"] = (t0, t1)
         step.host["fill"] = (t1, now())
+        step.host_cpu["schedule"], step.host_cpu["fill"] = c1 - c0, cpu_now() - c1
         return step
 
     # -- launch -------------------------------------------------------------------------------------------------
     def launch(self, step: Step) -> None:
-        t0 = now()
+        t0, c0 = now(), cpu_now()
         try:
             with self.profiling.range("launch", step.plan, step.mode):
                 step.launched = self.runner.launch(step.batch)
         except Exception as exc:
             self.fail(step, exc)
         step.host["launch"] = (t0, now())
+        step.host_cpu["launch"] = cpu_now() - c0
 
     # -- consume: wait + update ---------------------------------------------------------------------------------
     def consume(self, step: Step) -> None:
         if step.failed:
             return
         marks = self.profiling
-        t0 = now()
+        t0, c0 = now(), cpu_now()
         try:
             with marks.range("wait", step.plan):
                 tokens = self.runner.wait(step.launched)
-            t1 = now()
+            t1, c1 = now(), cpu_now()
             with marks.range("update", step.plan):
                 delivered = self._update(step.plan, tokens, self.runner.logprobs(step.launched))
         except Exception as exc:
             self.fail(step, exc)
             return
-        t2 = now()
+        t2, c2 = now(), cpu_now()
         step.host["wait"] = (t0, t1)
         step.host["update"] = (t1, t2)
+        step.host_cpu["wait"], step.host_cpu["update"] = c1 - c0, c2 - c1
         self._observe_step_time(step)
         self._trace(step, delivered, None)
         marks.consumed(step.plan.step)
@@ -306,7 +311,7 @@ class EngineCore:
             prefill_tokens=plan.num_tokens - decode, decode_tokens=decode, sampled=len(plan.sampled),
             carried=batch.num_carried if batch is not None else 0,
             kv_blocks_used=step.kv_blocks_used, kv_blocks_total=self.scheduler.allocator.num_blocks,
-            queue_depth=plan.queue_depth, running=plan.running, host=step.host,
+            queue_depth=plan.queue_depth, running=plan.running, host=step.host, host_cpu=step.host_cpu,
             gpu_events=la.events.spans() if la is not None and la.events is not None else None,
             compute_head=la.events.head() if la is not None and la.events is not None else None,
             start_kernel_ns=self.runner.start_kernel_ns,

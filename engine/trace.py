@@ -1,6 +1,7 @@
 """What the engine tells its observers about each step: raw, unresolved, cheap to build.
 
-The engine records host spans with `time.perf_counter_ns()` and CUDA events on its streams; it never resolves
+The engine records host spans with `time.perf_counter_ns()` (and its thread's CPU time in each, with
+`time.thread_time_ns()`) and CUDA events on its streams; it never resolves
 event times itself (that is telemetry's job, and resolving only events already known complete keeps it free of
 synchronisation). A StepTrace is handed to observers once the step's outputs have been consumed and the next
 step, if there is one yet, has been launched (loop.py: observers run while the device computes), so every event
@@ -32,6 +33,9 @@ class StepTrace:
     running: int                    # requests holding KV blocks when the step was scheduled
     # host spans, perf_counter_ns: schedule/fill/launch belong to building this step, wait/update to consuming it
     host: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # the engine thread's CPU time in each of those spans, thread_time_ns: far below the span's wall time when
+    # the thread was not running (waiting for the GIL, or for a CPU)
+    host_cpu: dict[str, int] = field(default_factory=dict)
     # CUDA events (start, end) per GPU phase; None on CPU. Complete when the trace is delivered.
     gpu_events: dict[str, tuple[Any, Any]] | None = None
     # the events just before and after the step's start kernel (its first, runner.mark_start), and how long that

@@ -10,6 +10,13 @@ The gap is [previous step's compute end, this step's compute start]. Each instan
 - an instant inside a collection of Python's garbage collector is "gc", whatever span it interrupted: the
   collector holds the GIL, so the engine thread could do nothing then (telemetry/collector.py); before the first
   request existed, though, there was nothing to do anyway (below);
+- "preempted": the engine thread was not running although its phase had work to do. Each step says its thread's
+  CPU time per phase (`cpu_us`) beside the wall span; in a phase of fixed host work (schedule, fill, launch,
+  update: not wait, whose job is to block) where the thread ran markedly less than the wall time (off-CPU at least
+  PREEMPTED_MIN_SHARE of the span and PREEMPTED_MIN_US), the thread was waiting for the GIL (another Python thread
+  held it) or for a CPU (the cores were busy). That share of every instant of the gap the span covers is
+  "preempted", the rest keeps the phase's name: where in the span the thread stood still is not known, so the
+  gap is split in proportion. Steps without `cpu_us` (old traces) never say "preempted";
 - time no host span covers is "empty_queue" when the engine had no request at all (every request of this step
   arrived after that instant), otherwise "host_other" (loop bookkeeping between spans, other observers).
 The parts sum to the gap; `idle_cause` is the largest. Host spans come from one engine thread, so they never
@@ -23,6 +30,24 @@ from collections import deque
 from batchscope.engine.trace import HOST_PHASES
 
 _LABELS = frozenset(HOST_PHASES + ("telemetry",))
+# phases whose work is fixed host work: their thread off the CPU is starvation ("wait" blocks on the device on
+# purpose, so its off-CPU time is the wait itself)
+PREEMPTIBLE = frozenset(("schedule", "fill", "launch", "update"))
+# "markedly less CPU than wall": small shortfalls are page-ins, short syscalls and clock granularity, not a thread
+# kept from running
+PREEMPTED_MIN_SHARE = 0.2
+PREEMPTED_MIN_US = 50.0
+
+
+def off_cpu_share(phase: str, span: list, cpu_us: float | None) -> float:
+    """The share of a host span the engine thread spent not running, when it counts as starvation, else 0."""
+    if cpu_us is None or phase not in PREEMPTIBLE:
+        return 0.0
+    wall = span[1] - span[0]
+    off = wall - cpu_us
+    if wall <= 0 or off < PREEMPTED_MIN_US or off < PREEMPTED_MIN_SHARE * wall:
+        return 0.0
+    return min(1.0, off / wall)
 
 
 def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
@@ -33,7 +58,7 @@ class IdleAttributor:
     def __init__(self, history: int = 32):
         self._prev_end: float | None = None
         self._prev_d2h: list | None = None
-        self._spans: deque = deque(maxlen=history)    # recent host spans (start, end, label), in time order
+        self._spans: deque = deque(maxlen=history)    # recent host spans (start, end, label, off-CPU share)
         self._collections: deque = deque(maxlen=history)   # recent garbage collections (start, end)
 
     def note(self, label: str, span: list) -> None:
@@ -42,14 +67,17 @@ class IdleAttributor:
         if label == "gc":
             self._collections.append((span[0], span[1]))
         else:
-            self._spans.append((span[0], span[1], label))
+            self._spans.append((span[0], span[1], label, 0.0))
 
-    def attribute(self, cpu: dict, gpu: dict | None, compute: list | None,
-                  empty_until: float | None) -> tuple[float | None, str | None, dict]:
+    def attribute(self, cpu: dict, gpu: dict | None, compute: list | None, empty_until: float | None,
+                  cpu_us: dict | None = None) -> tuple[float | None, str | None, dict]:
         """-> (gpu_idle_before_us, idle_cause, {cause: us}). `empty_until`: the first arrival of this step's
-        requests when all of them are new (the engine was empty before it), else None."""
-        for phase, (s, e) in cpu.items():
-            self._spans.append((s, e, phase if phase in _LABELS else "host_other"))
+        requests when all of them are new (the engine was empty before it), else None. `cpu_us`: the engine
+        thread's CPU time per phase (None or absent: not measured, never "preempted")."""
+        cpu_us = cpu_us or {}
+        for phase, span in cpu.items():
+            self._spans.append((span[0], span[1], phase if phase in _LABELS else "host_other",
+                                off_cpu_share(phase, span, cpu_us.get(phase))))
         idle, cause, parts = None, None, {}
         if compute is not None and self._prev_end is not None:
             g0, g1 = self._prev_end, compute[0]
@@ -90,13 +118,16 @@ class IdleAttributor:
         # before it, whatever the host thread was doing, except while a collection had stopped it
         def sweep(t: float, end: float) -> None:
             d2h = self._prev_d2h
-            for s, e, label in sorted(x for x in self._spans if x[1] > t and x[0] < end):
+            for s, e, label, off in sorted(x for x in self._spans if x[1] > t and x[0] < end):
                 s, e = max(s, t), min(e, end)
                 if e <= s:
                     continue
                 if s > t:
                     uncovered(t, s)
-                if label == "wait" and d2h:
+                if off:
+                    add("preempted", (e - s) * off)
+                    add(label, (e - s) * (1.0 - off))
+                elif label == "wait" and d2h:
                     copying = _overlap(s, e, *d2h)
                     add("d2h", copying)
                     add("wait", e - s - copying)

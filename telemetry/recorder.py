@@ -179,6 +179,9 @@ class Recorder:
         entered = time.perf_counter_ns()
         us = self._us
         cpu = {phase: [us(a), us(b)] for phase, (a, b) in tr.host.items()}
+        # never more than the span's wall time (a virtual machine's thread clock can run tens of µs ahead)
+        cpu_us = {phase: min(round(ns / 1000, 1), round(cpu[phase][1] - cpu[phase][0], 1))
+                  for phase, ns in getattr(tr, "host_cpu", {}).items() if phase in cpu}
         if tr.gpu_events:
             gpu, basis = self.clock.resolve(tr)
             compute = gpu.get("compute") if gpu else None
@@ -196,7 +199,7 @@ class Recorder:
             new_ids = {a[0] for a in tr.arrivals}
             if all(rid in new_ids for rid in tr.request_ids):
                 empty_until = us(min(a[1] for a in tr.arrivals))    # nothing ran before these arrived
-        idle_us, cause, parts = self.idle.attribute(cpu, gpu, compute, empty_until)
+        idle_us, cause, parts = self.idle.attribute(cpu, gpu, compute, empty_until, cpu_us)
 
         if self.last_step is not None and tr.step <= self.last_step:
             self.out_of_order += 1
@@ -204,7 +207,7 @@ class Recorder:
         self.steps_seen += 1
 
         tokens_out = sum(n for _, n in tr.tokens)
-        rec = step_record(tr, cpu, gpu, compute, basis, idle_us, cause, parts, tokens_out)
+        rec = step_record(tr, cpu, gpu, compute, basis, idle_us, cause, parts, tokens_out, cpu_us)
         self._step_modes[tr.step] = tr.mode
         if len(self._step_modes) > 64:
             del self._step_modes[next(iter(self._step_modes))]

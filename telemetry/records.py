@@ -19,7 +19,8 @@ SCHEMA_ID = "batchscope.timeline/1"
 # What the compute stream was waiting for during a GPU idle gap (see idle.py for how each is decided).
 # Timelines imported from profiler traces add causes only a trace can tell apart (importers/gaps.py).
 TRACE_IDLE_CAUSES = ("host_sync", "host_op", "stream_wait", "copy", "collective", "other_work", "unattributed")
-IDLE_CAUSES = HOST_PHASES + ("h2d", "d2h", "telemetry", "empty_queue", "host_other", "gc") + TRACE_IDLE_CAUSES
+IDLE_CAUSES = HOST_PHASES + ("h2d", "d2h", "telemetry", "empty_queue", "host_other", "gc", "preempted") + \
+    TRACE_IDLE_CAUSES
 
 # Where a step's `compute_us` comes from: CUDA events anchored to the host clock, events placed by the end of
 # the host's wait (no anchor was given), the host launch span (CPU), or nothing (events could not be read).
@@ -29,9 +30,10 @@ NVML_FIELDS = ("gpu_util", "mem_util", "mem_used_mb", "power_w", "sm_clock_mhz")
 
 
 def step_record(trace, cpu: dict, gpu: dict | None, compute: list | None, basis: str,
-                idle_us: float | None, idle_cause: str | None, idle_by_cause: dict, tokens_out: int) -> dict:
+                idle_us: float | None, idle_cause: str | None, idle_by_cause: dict, tokens_out: int,
+                cpu_us: dict | None = None) -> dict:
     """The record of one step. Every span in `cpu` and `gpu` belongs to this step: schedule/fill/launch built and
-    launched it, wait/update consumed it. `built_during_step` / `consumed_at_launch` name the other step whose
+    launched it, wait/update consumed it; `cpu_us` holds the engine thread's CPU time in each. `built_during_step` / `consumed_at_launch` name the other step whose
     work overlapped (async), so no span is ever attributed to the wrong step."""
     rec = {
         "step": trace.step,
@@ -61,6 +63,9 @@ def step_record(trace, cpu: dict, gpu: dict | None, compute: list | None, basis:
     }
     if gpu is not None:
         rec["gpu"] = gpu
+    # the engine thread's CPU time in each host phase, µs, beside its wall span in `cpu` (absent from old traces)
+    if cpu_us:
+        rec["cpu_us"] = cpu_us
     if trace.preempted:
         rec["preempted"] = list(trace.preempted)
     # whose prompt tokens the step computed (the others decoded one token each): only steps with prefill have it

@@ -13,6 +13,7 @@ _SPAN = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems"
          "description": "[start_us, end_us] on the host clock, microseconds since the timeline's origin"}
 _NUM_OR_NULL = {"type": ["number", "null"]}
 _COUNT = {"type": "integer", "minimum": 0}
+_CPU_TIME = {"type": "number", "minimum": 0}
 _BY_CAUSE = {"type": "object", "propertyNames": {"enum": list(IDLE_CAUSES)},
              "additionalProperties": {"type": "number", "minimum": 0}}
 
@@ -37,6 +38,11 @@ STEP = {
         "carried": _COUNT,
         "tokens_out": _COUNT,
         "cpu": {"type": "object", "properties": {p: _SPAN for p in HOST_PHASES}, "additionalProperties": _SPAN},
+        "cpu_us": {"type": "object", "properties": {p: _CPU_TIME for p in HOST_PHASES},
+                   "additionalProperties": _CPU_TIME,
+                   "description": "the engine thread's CPU time in each host phase of `cpu`, microseconds: well "
+                                  "below the phase's wall time when the thread was not running (the idle cause "
+                                  "preempted). Absent in timelines from before it existed"},
         "gpu": {"type": "object", "properties": {p: _SPAN for p in GPU_PHASES}, "additionalProperties": False},
         "compute_us": {"anyOf": [_SPAN, {"type": "null"}]},
         "compute_basis": {"enum": list(COMPUTE_BASES)},
@@ -107,6 +113,10 @@ REQUEST = {
         "output_tokens": _COUNT,
         "finish_reason": {"enum": [*FINISH_REASONS, None]},
         "token_us": {"type": "array", "items": {"type": "number"}},
+        "sent_us": {"type": "array", "items": {"type": "number"},
+                    "description": "streamed requests: when the server wrote each token's chunk to the client, on "
+                                   "token_us's clock, one per token written (fewer when the client left); "
+                                   "sent_us[i] - token_us[i] is the delivery delay. Absent when not streamed"},
         "preemptions": _COUNT,
         "output_tokens_engine": _COUNT,
     },

@@ -14,6 +14,7 @@ const CAUSE_LABEL = {
   empty_queue: "no requests",
   host_other: "other host work",
   gc: "Python garbage collection",
+  preempted: "host thread not running",
   // imported traces only
   host_sync: "host blocked mid-step",
   host_op: "host in another op",
@@ -37,6 +38,7 @@ const CAUSE_HINT = {
   empty_queue: "there was no request to run: not the loop's fault",
   host_other: "engine-thread time no span covers (loop bookkeeping)",
   gc: "Python's garbage collector held the interpreter: the engine thread could not run",
+  preempted: "the engine thread had work but little CPU: another thread held the GIL, or the cores were busy",
   host_sync: "the host blocked in a CUDA call in the middle of the step (an .item(), a .cpu())",
   host_op: "the launching thread was in a recorded op that maps to no engine phase",
   stream_wait: "the device waited on an event of another stream",

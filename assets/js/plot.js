@@ -13,14 +13,15 @@ export const COLOR = {
 };
 // Idle gaps are coloured by what the host was doing meanwhile: a host phase keeps that phase's colour.
 // "empty_queue" (no request at all) is not the host's fault: grey. "host_other" is loop overhead between spans;
-// "gc", the garbage collector stopping every Python thread. The causes only an imported trace tells apart
+// "gc", the garbage collector stopping every Python thread; "preempted", the engine thread kept from running
+// (the GIL, busy cores). The causes only an imported trace tells apart
 // (docs/import.md) get colours of their own, each far enough from every other cause's to tell apart on the lane
 // (tests/test_import_page.py measures it): the host's in reds and oranges, the device's in blues, greens and a
 // yellow, "unattributed" a dark slate.
 const CAUSE_COLOR = {
   empty_queue: "#94a3b8", none: "#94a3b8", host_other: "#ef4444", h2d: "#f59e0b", d2h: "#a855f7", gc: "#854d0e",
   telemetry: "#65a30d", host_sync: "#9f1239", host_op: "#fdba74", stream_wait: "#1e3a8a", copy: "#0e7490",
-  collective: "#14532d", other_work: "#d4d400", unattributed: "#334155",
+  collective: "#14532d", other_work: "#d4d400", unattributed: "#334155", preempted: "#701a75",
 };
 export const NO_WORK = new Set(["empty_queue", "none"]);
 const SPARE = ["#b91c1c", "#0f766e", "#7c2d12", "#4d7c0f", "#be185d", "#1e40af"];
