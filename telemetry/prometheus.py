@@ -11,7 +11,8 @@ set (modes, host phases, idle causes, finish reasons, ranks); nothing is labelle
 
 Names: vLLM's (`vllm:*`, with the `model_name` and `engine` labels its Grafana dashboards filter on, vLLM's types
 and bucket boundaries) for what both measure, and batchscope's own (`batchscope_*`) for what vLLM does not:
-event-based busy time, idle time by cause, host phases, decode steps against their floor, the mode. A figure
+event-based busy time, idle time by cause, host phases, decode steps against their floor, the mode, the delay
+from a streamed token's making to its chunk's write. A figure
 batchscope cannot measure here is absent, never a placeholder: NVML figures on a machine without NVML, the
 floor ratio without a measured bandwidth. docs/metrics.md lists every name.
 
@@ -89,6 +90,7 @@ class TelemetryCollector:
         yield from self._busy_and_idle()
         yield from self._steps_and_mode()
         yield from self._samples()
+        yield from self._delivery()
 
     # ---- vLLM's names ------------------------------------------------------------------------------------
     def _vllm_gauges(self):
@@ -238,6 +240,15 @@ class TelemetryCollector:
         fam.add_metric([m, str(tel.device), str(info.get("dtype")), str(info.get("gpu_name") or ""),
                         str(len(self.ranks))], 1.0)
         yield fam
+
+    def _delivery(self):
+        """Streamed tokens: the chunk's write time less the token's time (telemetry/delivery.py), per token."""
+        delivery = getattr(self.tel.recorder, "delivery", None)
+        if delivery is not None:
+            yield histogram_family("batchscope_delivery_delay_seconds", "Streamed tokens: from the end of the "
+                                   "engine's update that made a token to the server writing its chunk to the "
+                                   "client (the server's share of the client's inter-token latency)",
+                                   ["model_name"], [([self.model_name], delivery.delay)])
 
     def _samples(self):
         """The latest NVML sample of each rank's GPU and the host CPU, where they were measured."""

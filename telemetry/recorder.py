@@ -21,6 +21,7 @@ from collections.abc import Callable
 from batchscope.engine.trace import ModeChange, RankSpans, StepTrace
 
 from .clock import EventClock, place
+from .delivery import Deliveries
 from .idle import IdleAttributor
 from .records import mode_record, rank_step_record, request_record, step_record
 from .totals import Totals
@@ -50,7 +51,7 @@ def json_bytes_estimate(kind: str, rec: dict) -> int:
         return STEP_JSON_BYTES + (len(ids) * (len(ids[-1]) + 3) if ids else 0) + \
             sum(len(rid) + 10 for rid in prefilled)
     if kind == "requests":
-        return REQUEST_JSON_BYTES + TOKEN_JSON_BYTES * len(rec.get("token_us") or ())
+        return REQUEST_JSON_BYTES + TOKEN_JSON_BYTES * (len(rec.get("token_us") or ()) + len(rec.get("sent_us") or ()))
     if kind == "rank_steps":
         return RANK_STEP_JSON_BYTES
     return NVML_JSON_BYTES if kind == "nvml" else MODE_JSON_BYTES
@@ -127,6 +128,7 @@ class Recorder:
         self.publish = publish or (lambda kind, obj: None)
         self.clock = EventClock(origin_ns)
         self.idle = IdleAttributor()
+        self.delivery = Deliveries(self._us)    # streamed requests' chunk write times, from the server
         self.steps_seen = 0
         self.last_step: int | None = None
         self.out_of_order = 0
@@ -263,6 +265,7 @@ class Recorder:
                 req["prompt_tokens"] = prompt
             if output != req["output_tokens"]:   # attached mid-request: keep count == token times, note the rest
                 req["output_tokens_engine"] = output
+            self.delivery.finished(req)
             self.requests.append(req)
             totals.on_finished(req)
             self._to_recording("requests", req)
@@ -298,6 +301,10 @@ class Recorder:
                 self.recording.add(kind, rec)
 
     # ---- other threads -----------------------------------------------------------------------------------
+    def note_sent(self, request_id: str, times_ns: list[int]) -> None:
+        """The server wrote a streamed request's chunks at these perf_counter times (one per token written)."""
+        self.delivery.sent(request_id, times_ns)
+
     def active_requests(self) -> list:
         """Copies of the running requests' records (the engine thread keeps growing the originals)."""
         out = []

@@ -33,8 +33,9 @@ def step_record(trace, cpu: dict, gpu: dict | None, compute: list | None, basis:
                 idle_us: float | None, idle_cause: str | None, idle_by_cause: dict, tokens_out: int,
                 cpu_us: dict | None = None) -> dict:
     """The record of one step. Every span in `cpu` and `gpu` belongs to this step: schedule/fill/launch built and
-    launched it, wait/update consumed it; `cpu_us` holds the engine thread's CPU time in each. `built_during_step` / `consumed_at_launch` name the other step whose
-    work overlapped (async), so no span is ever attributed to the wrong step."""
+    launched it, wait/update consumed it; `cpu_us` holds the engine thread's CPU time in each.
+    `built_during_step` / `consumed_at_launch` name the other step whose work overlapped (async), so no span is
+    ever attributed to the wrong step."""
     rec = {
         "step": trace.step,
         "rank": 0,                  # the tensor-parallel rank whose GPU the spans are from (rank 0 plans steps)
@@ -88,7 +89,8 @@ def rank_step_record(step: int, rank: int, mode: str | None, gpu: dict) -> dict:
 
 def request_record(rid: str, arrival_us: float | None, prompt_tokens: int | None) -> dict:
     """A request as first seen. `token_us` gets one entry per output token: the end of the update span of the
-    step that delivered it (several tokens delivered at once share a time)."""
+    step that delivered it (several tokens delivered at once share a time). `sent_us`, for a streamed request,
+    one per token written to the client, joined in by delivery.py once the stream ended."""
     return {
         "id": rid,
         "arrival_us": arrival_us,
@@ -99,6 +101,7 @@ def request_record(rid: str, arrival_us: float | None, prompt_tokens: int | None
         "output_tokens": 0,
         "finish_reason": None,
         "token_us": [],
+        "sent_us": None,            # streamed: when each token's chunk was written to the client (delivery.py)
         "preemptions": 0,
     }
 

@@ -113,10 +113,11 @@ REQUEST = {
         "output_tokens": _COUNT,
         "finish_reason": {"enum": [*FINISH_REASONS, None]},
         "token_us": {"type": "array", "items": {"type": "number"}},
-        "sent_us": {"type": "array", "items": {"type": "number"},
+        "sent_us": {"type": ["array", "null"], "items": {"type": "number"},
                     "description": "streamed requests: when the server wrote each token's chunk to the client, on "
-                                   "token_us's clock, one per token written (fewer when the client left); "
-                                   "sent_us[i] - token_us[i] is the delivery delay. Absent when not streamed"},
+                                   "token_us's clock, one per token written (fewer when the client left), never "
+                                   "before token_us; sent_us[i] - token_us[i] is the delivery delay. Null when not "
+                                   "streamed (or not yet known); absent in timelines from before it existed"},
         "preemptions": _COUNT,
         "output_tokens_engine": _COUNT,
     },

@@ -6,6 +6,8 @@ Formulas (times from request records, all per request, then pooled into percenti
                                                                       as vLLM does)
   ITL  = token_us[i] - token_us[i-1] for i >= 1                      (every gap between consecutive tokens)
   E2E  = finish_us - arrival_us
+  delivery delay = sent_us[i] - token_us[i]                          (streamed requests: the chunk's write less the
+                                                                      token's making, telemetry/delivery.py)
 Busy % is event-based: the union of the steps' compute spans inside the window over the window's length (on CPU
 the spans are the host launch spans). The per-step floor is (weight bytes + KV bytes of the context) over a
 measured bandwidth; it is the fastest a memory-bound decode step could possibly be.
@@ -32,7 +34,8 @@ def request_metrics(req: dict) -> dict:
     tpot = (times[-1] - first) * ms / (n - 1) if n > 1 and times and first is not None else None
     e2e = (finish - arrival) * ms if finish is not None and arrival is not None else None
     itl = [(b - a) * ms for a, b in zip(times, times[1:])]
-    return {"ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "itl_ms": itl}
+    delivery = [(s - t) * ms for t, s in zip(times, req.get("sent_us") or ())]
+    return {"ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "itl_ms": itl, "delivery_ms": delivery}
 
 
 def _step_time(rec: dict) -> float | None:
@@ -195,6 +198,8 @@ def _request_summary(requests, t0_us, t1_us) -> dict:
         "ttft_ms": percentiles(m["ttft_ms"] for m in metrics),
         "tpot_ms": percentiles(m["tpot_ms"] for m in metrics),
         "itl_ms": percentiles(x for m in metrics for x in m["itl_ms"]),
+        "delivery_delay_ms": percentiles(x for m in metrics for x in m["delivery_ms"]),
+        "requests_streamed": sum(1 for q in finished if q.get("sent_us")),
         "e2e_ms": percentiles(m["e2e_ms"] for m in metrics),
     }
 

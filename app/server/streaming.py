@@ -1,12 +1,14 @@
 """Answers that follow requests in the engine: server-sent events while tokens come, or the outputs at the end.
 
 Every streamed route (/api/generate, /v1/completions, /v1/chat/completions) goes through `sse_stream`: one loop
-over the requests' token deltas, with the route saying only what each event looks like.
+over the requests' token deltas, with the route saying only what each event looks like, and (given somewhere to
+put them) when each token's chunk was written, for the delivery delay (telemetry/delivery.py).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -21,31 +23,56 @@ DeltaEvent = Callable[[int, TokenDelta, int], dict | None]   # (request index, d
 
 def sse_stream(handles: list, event: DeltaEvent, *, first: dict | None = None,
                last: Callable[[int], dict | None] | None = None,
-               on_error: Callable[[TokenDelta], dict] | None = None) -> StreamingResponse:
+               on_error: Callable[[TokenDelta], dict] | None = None,
+               on_sent: Callable[[str, list[int]], None] | None = None) -> StreamingResponse:
     """Server-sent events for requests as their tokens come: `first`, then `event(...)` for each delta (None
     skips it), then `last(tokens in all)`, then `data: [DONE]`. With `on_error`, a request that fails in the
     engine ends the stream with that event instead (OpenAI clients expect it); without, `event` reports it.
-    A client that hangs up cancels the requests still running."""
-    async def events() -> AsyncIterator[dict]:
+    A client that hangs up cancels the requests still running. With `on_sent`, once the stream ends, each
+    request's `(id, write times)`: perf_counter ns at which each of its tokens' chunk was written (a token whose
+    delta made no chunk goes with its request's next one; tokens never written have none)."""
+    sent: list[list[int]] = [[] for _ in handles]
+    unsent = [0] * len(handles)     # tokens of each request whose chunk is not written yet
+
+    async def events() -> AsyncIterator[tuple[int | None, dict]]:
         if first is not None:
-            yield first
+            yield None, first
         produced = 0
         async for i, d in merged(handles):
             produced += len(d.token_ids)
+            unsent[i] += len(d.token_ids)
             if on_error is not None and d.finished and d.finish_reason == "error":
-                yield on_error(d)
+                yield i, on_error(d)
                 return
             ev = event(i, d, produced)
             if ev is not None:
-                yield ev
+                yield i, ev
         tail = last(produced) if last is not None else None
         if tail is not None:
-            yield tail
+            yield None, tail
+
+    def written(i: int | None) -> None:
+        """The chunk just yielded is written: the ASGI send returned before this generator resumed."""
+        t = time.perf_counter_ns()
+        for j in range(len(handles)) if i is None else (i,):
+            if unsent[j]:
+                sent[j].extend([t] * unsent[j])
+                unsent[j] = 0
 
     async def body():
-        async for ev in events():
-            yield f"data: {json.dumps(ev, separators=(',', ':'))}\n\n"
-        yield "data: [DONE]\n\n"
+        try:
+            async for i, ev in events():
+                yield f"data: {json.dumps(ev, separators=(',', ':'))}\n\n"
+                if on_sent is not None:
+                    written(i)
+            yield "data: [DONE]\n\n"
+            if on_sent is not None:
+                written(None)
+        finally:
+            if on_sent is not None:
+                for handle, times in zip(handles, sent):
+                    if times:
+                        on_sent(handle.id, times)
     return StreamingResponse(body(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

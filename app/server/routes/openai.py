@@ -147,6 +147,13 @@ def _finish(d) -> str | None:
     return FINISH.get(d.finish_reason) if d.finished else None
 
 
+def _sent_to(state: AppState):
+    """Where a stream's chunk write times go: telemetry's recorder joins them with the engine's token times into
+    `requests[].sent_us` and the delivery-delay histogram (None without telemetry)."""
+    recorder = getattr(state.telemetry, "recorder", None)
+    return recorder.note_sent if recorder is not None else None
+
+
 def _submit_all(state: AppState, ids: list[list[int]], params: list) -> list:
     handles = []
     try:
@@ -223,7 +230,8 @@ async def completions(body: CompletionBody, state: State, request: Request):
                 return chunk([{"index": i, "text": d.text, "logprobs": logprobs, "finish_reason": _finish(d)}],
                              **extra)
             return None
-        return sse_stream(handles, event, last=_usage_event(body, chunk, prompt_tokens), on_error=_error_event)
+        return sse_stream(handles, event, last=_usage_event(body, chunk, prompt_tokens), on_error=_error_event,
+                          on_sent=_sent_to(state))
     outs = await final_outputs(handles, request)
     _raise_engine_error(outs)
     choices = [{"index": i, "text": o.text,
@@ -264,7 +272,7 @@ async def chat_completions(body: ChatBody, state: State, request: Request):
         role = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                        "finish_reason": None}], **({"usage": _usage(len(ids), 0)} if continuous else {}))
         return sse_stream([handle], event, first=role, last=_usage_event(body, chunk, len(ids)),
-                          on_error=_error_event)
+                          on_error=_error_event, on_sent=_sent_to(state))
     (out,) = await final_outputs([handle], request)
     _raise_engine_error([out])
     return {"id": cid, "object": "chat.completion", "created": created, "model": name,

@@ -1,0 +1,97 @@
+"""A streamed token's delivery is measured: when its chunk was written to the client (`sent_us`) beside when the
+engine made it (`token_us`), in the timeline, its summary and /metrics."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from batchscope.app.loadtest.specs import Limits
+from batchscope.app.server import ServerThread, create_app
+from batchscope.app.server.state import AppState
+from batchscope.engine.config import EngineConfig
+from batchscope.telemetry.delivery import Deliveries
+
+MODEL = "tiny-random"
+
+
+def us(ns: int) -> float:
+    return ns / 1000.0
+
+
+def test_write_times_join_the_token_times_whichever_comes_first():
+    d = Deliveries(us)
+    early = {"id": "a", "token_us": [10.0, 20.0, 30.0], "sent_us": None}
+    d.sent("a", [15_000, 19_000, 45_000])            # the stream ended before the recorder saw the finish
+    d.finished(early)
+    assert early["sent_us"] == [15.0, 20.0, 45.0]     # one chunk written inside the update span: at its end
+    late = {"id": "b", "token_us": [5.0, 6.0], "sent_us": None}
+    d.finished(late)
+    assert late["sent_us"] is None
+    d.sent("b", [7_000])                              # the client left after one token
+    assert late["sent_us"] == [7.0]
+    counts, total = d.delay.snapshot()
+    assert sum(counts) == 4 and total == pytest.approx((5 + 0 + 15 + 2) / 1e6)
+    assert d.joined == 2
+
+
+@pytest.fixture(scope="module")
+def server():
+    state = AppState.load(EngineConfig(model=MODEL, device="cpu", dtype="float32", num_blocks=256,
+                                       max_batch_tokens=256, max_running=32),
+                          Limits(max_prompt_tokens=256, max_new_tokens=64, max_burst_requests=8))
+    srv = ServerThread(create_app(state, ui=False)).start()
+    yield srv
+    srv.stop()
+    state.close()
+
+
+def delivery_metric(url: str) -> tuple[float, float]:
+    """(count, sum) of batchscope_delivery_delay_seconds."""
+    text = httpx.get(url + "/metrics").text
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "batchscope_delivery_delay_seconds":
+            values = {s.name: s.value for s in fam.samples}
+            return values["batchscope_delivery_delay_seconds_count"], values["batchscope_delivery_delay_seconds_sum"]
+    raise AssertionError("no batchscope_delivery_delay_seconds in /metrics")
+
+
+def test_streamed_tokens_say_when_they_were_written_and_metrics_show_the_delay(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    count0, _ = delivery_metric(server.url)
+    kw = dict(model=MODEL, temperature=0, extra_body={"ignore_eos": True})
+    list(client.completions.create(prompt=["Once upon a time", "The sea"], max_tokens=11, stream=True, **kw))
+    list(client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], max_tokens=7, stream=True,
+                                        **kw))
+    client.completions.create(prompt="Not streamed", max_tokens=5, **kw)
+    streamed = 2 * 11 + 7
+
+    deadline = time.monotonic() + 10
+    while True:          # a stream can end a moment before the recorder sees its request finish
+        tl = httpx.get(server.url + "/api/timeline.json").json()
+        reqs = {r["output_tokens"]: [] for r in tl["requests"]}
+        for r in tl["requests"]:
+            reqs[r["output_tokens"]].append(r)
+        joined = [r for n in (11, 7) for r in reqs.get(n, []) if r.get("sent_us")]
+        if len(joined) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(joined) == 3, [(r["id"], r["output_tokens"], r.get("sent_us")) for r in tl["requests"]]
+    for r in joined:
+        made, sent = r["token_us"], r["sent_us"]
+        assert len(sent) == len(made) == r["output_tokens"]
+        assert all(s >= t for t, s in zip(made, sent)), (made, sent)
+        assert sent == sorted(sent)
+    assert sum(s - t for r in joined for t, s in zip(r["token_us"], r["sent_us"])) > 0
+    assert [r["sent_us"] for r in reqs[5]] == [None]                  # not streamed: nothing written per token
+
+    summary = tl["summary"]
+    assert summary["requests_streamed"] == 3
+    assert summary["delivery_delay_ms"]["n"] == streamed
+    assert 0 <= summary["delivery_delay_ms"]["p50"] <= summary["delivery_delay_ms"]["p99"]
+
+    count, total = delivery_metric(server.url)
+    assert count - count0 == streamed and total > 0
