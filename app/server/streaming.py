@@ -21,6 +21,13 @@ from batchscope.engine.request import TokenDelta
 DeltaEvent = Callable[[int, TokenDelta, int], dict | None]   # (request index, delta, tokens so far) -> event
 
 
+def delivery_sink(state) -> Callable[[str, list[int]], None] | None:
+    """Where a stream's chunk write times go (sse_stream's `on_sent`): telemetry's recorder joins them with the
+    engine's token times into `requests[].sent_us` and the delivery-delay histogram. None without telemetry."""
+    recorder = getattr(state.telemetry, "recorder", None)
+    return recorder.note_sent if recorder is not None else None
+
+
 def sse_stream(handles: list, event: DeltaEvent, *, first: dict | None = None,
                last: Callable[[int], dict | None] | None = None,
                on_error: Callable[[TokenDelta], dict] | None = None,

@@ -21,7 +21,7 @@ from ..errors import EngineFailure
 from ..openai_fields import check_fields, check_message, check_part, check_stream_options
 from ..openai_logprobs import CompletionLogprobs, chat_logprobs
 from ..state import AppState
-from ..streaming import final_outputs, sse_stream
+from ..streaming import delivery_sink, final_outputs, sse_stream
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -147,13 +147,6 @@ def _finish(d) -> str | None:
     return FINISH.get(d.finish_reason) if d.finished else None
 
 
-def _sent_to(state: AppState):
-    """Where a stream's chunk write times go: telemetry's recorder joins them with the engine's token times into
-    `requests[].sent_us` and the delivery-delay histogram (None without telemetry)."""
-    recorder = getattr(state.telemetry, "recorder", None)
-    return recorder.note_sent if recorder is not None else None
-
-
 def _submit_all(state: AppState, ids: list[list[int]], params: list) -> list:
     handles = []
     try:
@@ -231,7 +224,7 @@ async def completions(body: CompletionBody, state: State, request: Request):
                              **extra)
             return None
         return sse_stream(handles, event, last=_usage_event(body, chunk, prompt_tokens), on_error=_error_event,
-                          on_sent=_sent_to(state))
+                          on_sent=delivery_sink(state))
     outs = await final_outputs(handles, request)
     _raise_engine_error(outs)
     choices = [{"index": i, "text": o.text,
@@ -272,7 +265,7 @@ async def chat_completions(body: ChatBody, state: State, request: Request):
         role = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                        "finish_reason": None}], **({"usage": _usage(len(ids), 0)} if continuous else {}))
         return sse_stream([handle], event, first=role, last=_usage_event(body, chunk, len(ids)),
-                          on_error=_error_event, on_sent=_sent_to(state))
+                          on_error=_error_event, on_sent=delivery_sink(state))
     (out,) = await final_outputs([handle], request)
     _raise_engine_error([out])
     return {"id": cid, "object": "chat.completion", "created": created, "model": name,
