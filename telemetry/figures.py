@@ -14,13 +14,18 @@ The comparison is honest by construction:
 - no ratio is given before `MIN_STEPS` matched steps per mode;
 - every ratio carries a 90% interval from the steps' own spread (the median's standard error, 0.93 x IQR /
   sqrt(n), for ms/step; the mean's for tokens/s), and the verdict is "within noise" when the interval holds 1 or
-  the difference is under `PRACTICAL` (2%): a difference a room cannot see is not reported as one.
+  the difference is under `PRACTICAL` (2%): a difference a room cannot see is not reported as one;
+- the board names a winner only across switches between the modes (alternations.py): the ratio at each switch,
+  with an interval over them, must exclude 1 too ("not enough alternations" until there are MIN_SWITCHES), and
+  never where compute runs on the host ("no winner here"). The steps' own verdict stays as `step_verdict` (an
+  A/B of one burst is one switch by design and reads that).
 """
 from __future__ import annotations
 
 import math
 import statistics
 
+from .alternations import MAX_SWITCHES, MIN_PAIR_STEPS, MIN_SWITCHES, host_compute, switch_interval
 from .forecast import forecast_runs
 from .stretches import empty_queue_us, percentiles, run_periods, stretches, union_length
 
@@ -209,6 +214,27 @@ def _keep(out: dict, newest_first: list[dict], window_us: float) -> None:
         out[mode] = [_newest(newest_first[::-1], window_us)]
 
 
+def _switches(steps, live: bool, window_us: float) -> list[float]:
+    """The ratio at each switch the board can see: live, between the newest MAX_SWITCHES + 1 stretches (each its
+    newest `window_us`); for a recording, every switch."""
+    if live:
+        newest: list[list[dict]] = []
+        run: list[dict] = []
+        for rec in reversed(steps):
+            if run and (rec["mode"] != run[-1]["mode"] or rec["step"] != run[-1]["step"] - 1):
+                newest.append(_newest(run[::-1], window_us)[-MAX_BOARD_STEPS:])
+                run = []
+                if len(newest) > MAX_SWITCHES:
+                    break
+            run.append(rec)
+        if run and len(newest) <= MAX_SWITCHES:
+            newest.append(_newest(run[::-1], window_us)[-MAX_BOARD_STEPS:])
+        runs = newest[::-1]
+    else:
+        runs = stretches(steps)
+    return switch_ratios(_cut_warmup(runs)[0])
+
+
 def _decode_periods(runs) -> list[tuple[int, float, int]]:
     """(batch size, ms, decode tokens) of every decode-only step with a period."""
     return [(rec["num_requests"], ms, _tokens(rec)) for run in runs for rec, ms in run_periods(run)
@@ -252,9 +278,47 @@ def _ratio(x: float, ex: float, y: float, ey: float) -> dict:
     return {"ratio": round(r, 4), "ci": [round(r * math.exp(-half), 4), round(r * math.exp(half), 4)]}
 
 
-def compare(sync_runs, async_runs) -> dict:
+def switch_ratios(runs_in_order) -> list[float]:
+    """sync / async ms per step at each switch between the modes: the medians of the two stretches either side of
+    it, on matched decode steps (warm-up already cut), where each side has MIN_PAIR_STEPS of them."""
+    ratios = []
+    for a, b in zip(runs_in_order, runs_in_order[1:]):
+        if a[0]["mode"] == b[0]["mode"] or {a[0]["mode"], b[0]["mode"]} != {"sync", "async"}:
+            continue
+        s, y = (a, b) if a[0]["mode"] == "sync" else (b, a)
+        ms, ma = _matched(_decode_periods([s]), _decode_periods([y]))
+        if len(ms) >= MIN_PAIR_STEPS:
+            ratios.append(statistics.median(r[1] for r in ms) / statistics.median(r[1] for r in ma))
+    return ratios
+
+
+def compare(sync_runs, async_runs, switches: list[float] | None = None, on_host: bool = False) -> dict:
     """Async against sync on matched decode steps: ms/step (sync / async: above 1 is async faster) and decode
-    tokens/s (async / sync), each with its interval, and one verdict."""
+    tokens/s (async / sync), each with its interval, and one verdict. With `switches` (the ratio at each switch,
+    switch_ratios) the verdict also needs their interval to exclude 1; `on_host`: no winner at all."""
+    out = _compare_steps(sync_runs, async_runs)
+    out["step_verdict"], out["step_reason"] = out["verdict"], out.get("reason")
+    if switches is None or out["ms_per_step"] is None:
+        return out
+    out["switches"] = alt = switch_interval(switches)
+    if on_host:
+        out["verdict"], out["reason"] = "no winner here", (
+            "compute runs on the host: async has nothing to hide here, so a difference is the machine's, not the mode's")
+    elif alt["n"] < MIN_SWITCHES or alt["ci"] is None:
+        out["verdict"], out["reason"] = "not enough alternations", (
+            f"{alt['n']} of {MIN_SWITCHES} switches between the modes with {MIN_PAIR_STEPS}+ matched steps a side: "
+            "the steps of one stretch cannot tell the mode from load that changed between stretches")
+    elif out["verdict"] in ("async faster", "async slower") and alt["ci"][0] <= 1.0 <= alt["ci"][1]:
+        lo, hi = alt["ci"]
+        out["verdict"], out["reason"] = "within noise", (
+            f"over {alt['n']} switches the 90% interval {lo:.2f}-{hi:.2f}x holds 1")
+    elif out["verdict"] in ("async faster", "async slower"):
+        lo, hi = alt["ci"]
+        out["reason"] += f"; over {alt['n']} switches {lo:.2f}-{hi:.2f}x"
+    return out
+
+
+def _compare_steps(sync_runs, async_runs) -> dict:
     s_rows, a_rows = _matched(_decode_periods(sync_runs), _decode_periods(async_runs))
     out = {"basis": "decode steps of batch sizes both modes ran, as many of each size from each",
            "n": {"sync": len(s_rows), "async": len(a_rows)}, "min_steps": MIN_STEPS,
@@ -311,6 +375,7 @@ def board(steps, live: bool, nvml=(), window_us: float = LIVE_WINDOW_US, cache: 
     return {"scope": "live" if live else "recording",
             "window_s": window_us / 1e6 if live else None,
             "warmup_steps_per_stretch": WARMUP_STEPS,
-            "modes": modes, "compare": compare(kept["sync"], kept["async"]),
+            "modes": modes, "compare": compare(kept["sync"], kept["async"], _switches(steps, live, window_us),
+                                               host_compute(kept["sync"] + kept["async"])),
             "forecast": forecast_runs(kept["sync"], kept["async"]),
             "warmup": sorted(warmup, key=lambda b: b["first_step"])}

@@ -236,7 +236,8 @@ def test_the_presenter_runs_the_demo_from_the_keyboard(server, browser):
         page.wait_for_selector("#bs-ab-panel[data-state='done']", timeout=120_000)
         panel = page.text_content("#bs-ab-panel")
         verdict = page.get_attribute("#bs-ab-panel", "data-verdict")
-        assert verdict in ("async faster", "async slower", "within noise", "not enough steps"), verdict
+        # a CPU engine computes on the host: nothing overlaps, so the A/B names no winner (and says why)
+        assert verdict in ("no winner here", "not enough steps"), verdict
         assert "×" in panel and "GPU busy" in panel
         if verdict != "not enough steps":
             assert "n = " in panel, panel

@@ -249,12 +249,13 @@ def test_live_scoreboard_fills_per_mode_and_keys_switch_the_engine(server, brows
             assert lo <= r <= hi, b
             n_sync, n_async = map(int, b["n"].split("/"))
             assert n_sync == n_async >= 20
-            assert b["verdict"] == ("within noise" if lo <= 1 <= hi or abs(r - 1) < 0.02
-                                    else "async faster" if r > 1 else "async slower"), b
+            # compute on the host (this CPU engine): whatever the steps' ratio, no winner is named, and why is said
+            assert b["verdict"] == "no winner here", b
             rows = page.eval_on_selector_all("#bs-board .bs-board-table tbody tr",
                                              "rs => rs.map(r => [r.dataset.key, r.querySelector('.bs-ratio').textContent])")
             ratios = dict(rows)
-            assert "×" in ratios["ms_per_step"] and any(w in ratios["ms_per_step"] for w in ("faster", "slower", "noise"))
+            assert "×" in ratios["ms_per_step"] and "no winner" in ratios["ms_per_step"], ratios
+            assert "no winner on this device" in page.text_content("#bs-board .bs-verdict-line")
             assert "pts" in ratios["busy_pct"]
             verdict = page.text_content("#bs-board .bs-verdict-line")
             assert f"n = {n_sync} / {n_async}" in verdict, verdict

@@ -99,3 +99,50 @@ def test_live_covers_the_newest_stretch_of_each_mode():
     assert [r["step"] for r in runs["sync"][0]] == list(range(30, 60))
     whole = mode_runs(old + sync + new, live=False)
     assert len(whole["async"]) == 2
+
+
+def _stretches(*specs, jitter=0.03):
+    """Consecutive stretches (mode, period_ms, steps), one after the other in time and step numbers."""
+    steps, t, first = [], 0.0, 0
+    for i, (mode, period, n) in enumerate(specs):
+        part = run(mode, n, period, first_step=first, t0_us=t, jitter=jitter, seed=i)
+        steps += part
+        t, first = part[-1]["compute_us"][1], first + n
+    return steps
+
+
+def test_load_that_moved_between_two_stretches_is_not_a_mode_effect():
+    """One sync stretch while something else held the machine, one async stretch after it let go: the steps' own
+    spread says "async faster" with a tight interval; the board says one switch cannot tell the two apart."""
+    c = board(_stretches(("sync", 12.0, 80), ("async", 10.0, 80)), live=False)["compare"]
+    assert c["step_verdict"] == "async faster" and c["ms_per_step"]["ci"][0] > 1.1
+    assert c["verdict"] == "not enough alternations" and c["switches"]["n"] == 1
+    assert "switches between the modes" in c["reason"]
+
+
+def test_switches_that_disagree_are_within_noise_however_tight_the_steps_are():
+    """Background load drifting across four stretches: each switch says something else (1.2x, 0.9x, 0.82x), so the
+    interval over them holds 1, whatever the pooled steps say."""
+    steps = _stretches(("sync", 12.0, 60), ("async", 10.0, 60), ("sync", 9.0, 60), ("async", 11.0, 60))
+    c = board(steps, live=False)["compare"]
+    assert c["switches"]["n"] == 3 and c["switches"]["ci"][0] < 1.0 < c["switches"]["ci"][1], c["switches"]
+    assert c["verdict"] == "within noise", c
+
+
+def test_a_real_effect_across_switches_names_its_winner_live_and_recorded():
+    steps = _stretches(("sync", 11.0, 60), ("async", 10.0, 60), ("sync", 11.1, 60), ("async", 9.9, 60))
+    for live in (False, True):
+        c = board(steps, live=live)["compare"]
+        assert c["verdict"] == "async faster" and c["switches"]["n"] == 3, c
+        assert c["switches"]["ci"][0] > 1.0 and c["switches"]["ratio"] == pytest.approx(1.1, rel=0.03)
+
+
+def test_no_winner_where_compute_runs_on_the_host():
+    """A CPU engine: the same cores build and compute each step, nothing overlaps (the forecast says so), so even a
+    consistent difference over many switches is the machine's, not the mode's."""
+    steps = _stretches(("sync", 12.0, 60), ("async", 10.0, 60), ("sync", 12.0, 60), ("async", 10.0, 60))
+    for rec in steps:
+        rec["compute_basis"] = "host"
+    c = board(steps, live=False)["compare"]
+    assert c["step_verdict"] == "async faster" and c["verdict"] == "no winner here", c
+    assert "host" in c["reason"]

@@ -355,7 +355,14 @@ class BurstManager:
         if self.telemetry is None or not (ab.sync.results.window_us and ab.async_.results.window_us):
             return None
         summary = self.telemetry.summary(ab.sync.results.window_us[0], ab.async_.results.window_us[1])
-        return (summary.get("board") or {}).get("compare")
+        c = (summary.get("board") or {}).get("compare")
+        if c is None:
+            return None
+        # one burst each way is one switch by design: the A/B reads the steps' own verdict (the scoreboard's needs
+        # several switches, telemetry/alternations.py), and says where compute on the host leaves no winner
+        verdict = "no winner here" if c["verdict"] == "no winner here" else c["step_verdict"]
+        reason = c["reason"] if verdict == "no winner here" else c["step_reason"]
+        return {**c, "verdict": verdict, "reason": reason}
 
     def _run_burst(self, burst: Burst) -> None:
         plan = plan_burst(burst.spec, self.vocab_size)

@@ -3,7 +3,8 @@
  * in replay, the board the server computed for the whole recording. The page computes no figure itself.
  *
  * The verdict is the board's: ratios only from matched decode steps, with their 90% interval and n, "within
- * noise" when the interval holds 1, nothing before enough steps. Large type: it is what a room reads. */
+ * noise" when the interval holds 1, nothing before enough steps, no winner before enough switches between the
+ * modes or where compute runs on the host (telemetry/alternations.py). Large type: it is what a room reads. */
 import { currentData, shownBoard, state } from "./feed.js";
 import { NOT_IN_TRACE, notInTrace } from "./unknown.js";
 import { rankTableHtml } from "./ranks.js";
@@ -37,8 +38,9 @@ function ratioHtml(key, b) {
   const s = b.modes.sync || {}, a = b.modes.async || {};
   if (!c.ms_per_step) return key === "ms_per_step" ? `<small>${esc(c.verdict || "–")}</small>` : "";
   if (key === "ms_per_step") {
-    const r = c.ms_per_step, noise = c.verdict === "within noise";
-    const word = noise ? "within noise" : r.ratio >= 1 ? "faster" : "slower";
+    const r = c.ms_per_step;
+    const word = c.verdict === "async faster" ? "faster" : c.verdict === "async slower" ? "slower"
+      : c.verdict === "within noise" ? "within noise" : "no winner";
     return `<b title="90% interval ${interval(r.ci)}">${r.ratio.toFixed(2)}×</b> <small>${word}</small>`;
   }
   if (key === "decode_tokens_per_s") {
@@ -67,6 +69,10 @@ export function verdictHtml(c, cls = "bs-verdict-line", live = true) {
     head = `<b>async ${c.ms_per_step.ratio.toFixed(2)}× ${c.verdict === "async faster" ? "faster" : "slower"}</b>`;
   } else if (c.verdict === "within noise") {
     head = `<b>no clear difference</b>`;
+  } else if (c.verdict === "not enough alternations") {
+    head = `<b>no winner${live ? " yet" : ""}: switch ${live ? "again" : "more often"}</b>`;
+  } else if (c.verdict === "no winner here") {
+    head = `<b>no winner on this device</b>`;
   } else {
     head = live ? `<b>not enough steps yet</b>` : `<b>not enough steps</b>`;
   }
