@@ -95,3 +95,23 @@ def test_streamed_tokens_say_when_they_were_written_and_metrics_show_the_delay(s
 
     count, total = delivery_metric(server.url)
     assert count - count0 == streamed and total > 0
+
+
+def test_a_client_that_leaves_mid_stream_has_only_the_tokens_it_was_sent(server):
+    body = {"model": MODEL, "prompt": "Far away", "max_tokens": 60, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [line for line, _ in zip(lines, range(6)) if line.startswith("data:")]
+    assert got, "no chunk came"
+    deadline = time.monotonic() + 10
+    while True:
+        tl = httpx.get(server.url + "/api/timeline.json").json()
+        left = [r for r in tl["requests"] if r["finish_reason"] == "cancelled" and r.get("sent_us")]
+        if left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(left) == 1, [(r["id"], r["finish_reason"], r.get("sent_us")) for r in tl["requests"]]
+    (req,) = left
+    assert 1 <= len(req["sent_us"]) < 60 and len(req["sent_us"]) <= len(req["token_us"])
+    assert all(s >= t for t, s in zip(req["token_us"], req["sent_us"]))
