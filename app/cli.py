@@ -281,7 +281,7 @@ def compare_sides(argv: list[str]) -> list[str]:
 
 
 def cmd_compare(args) -> int:
-    from batchscope.telemetry.compare.command import run       # numpy loads here
+    from batchscope.telemetry.comparison.command import run       # numpy loads here
 
     return run(args.recordings, args.new, args.json, args.markdown, args.fail_above, args.min_effect)
 

@@ -58,7 +58,7 @@ def record(out: Path, seconds: float) -> None:
 
 
 def analyse(runs: Path, results: Path) -> None:
-    from batchscope.telemetry.compare import compare, open_recordings
+    from batchscope.telemetry.comparison import compare, open_recordings
 
     def side(spec: str) -> list:
         return open_recordings(str(runs / spec))

@@ -15,7 +15,7 @@ import pytest
 
 from batchscope.app.cli import main
 from batchscope.telemetry import validate_timeline
-from batchscope.telemetry.compare import CompareInputError, Recording, compare, markdown
+from batchscope.telemetry.comparison import CompareInputError, Recording, compare, markdown
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DECODE_SIZES = (8, 16, 32)
@@ -224,13 +224,13 @@ def test_transformers_sync_vs_async_on_the_h200_fixtures():
 
 
 def rec_of(path: Path) -> list[Recording]:
-    from batchscope.telemetry.compare import open_recordings
+    from batchscope.telemetry.comparison import open_recordings
 
     return open_recordings(str(path))
 
 
 def test_the_cli_loads_the_compare_only_when_it_runs():
-    code = "import sys, batchscope.app.cli; print('batchscope.telemetry.compare' in sys.modules)"
+    code = "import sys, batchscope.app.cli; print('batchscope.telemetry.comparison' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -263,7 +263,7 @@ def test_a_running_servers_history_is_read_from_its_address(tmp_path):
 
 
 def test_every_size_falls_in_one_bucket_that_holds_it():
-    from batchscope.telemetry.compare.shapes import decode_bucket, kv_bucket, prefill_bucket
+    from batchscope.telemetry.comparison.shapes import decode_bucket, kv_bucket, prefill_bucket
 
     for bucket in (decode_bucket, prefill_bucket, kv_bucket):
         seen = {}

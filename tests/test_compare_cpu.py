@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from batchscope import Engine, EngineConfig, SamplingParams  # noqa: E402
 from batchscope.app.cli import main  # noqa: E402
 from batchscope.telemetry import Telemetry  # noqa: E402
-from batchscope.telemetry.compare import Recording, compare  # noqa: E402
+from batchscope.telemetry.comparison import Recording, compare  # noqa: E402
 
 BURSTS, REQUESTS, PROMPT, NEW_TOKENS = 20, 8, 24, 24
 

@@ -1,7 +1,7 @@
 """Which change made it slower: two sets of recordings compared step by step at matched batch shapes, with
 intervals that know their noise and a verdict per figure (`batchscope compare`, docs/compare.md).
 
-    from batchscope.telemetry.compare import compare, open_recordings
+    from batchscope.telemetry.comparison import compare, open_recordings
     result = compare(open_recordings("base.timeline.json.gz"), open_recordings("new.timeline.json.gz"))
     result["verdict"], result["step_time_ratio"]            # "slower", {"value": 1.12, "low": ..., "high": ...}
 
