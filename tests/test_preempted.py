@@ -7,6 +7,7 @@ spinning in pure-Python loops holds the GIL, and a short switch interval makes t
 """
 from __future__ import annotations
 
+import json
 import sys
 import threading
 
@@ -88,7 +89,7 @@ def preempted_share(eng, starve: bool) -> tuple[float, int, dict]:
             if starve:
                 spinner.join()
             sys.setswitchinterval(interval)
-        tl = load_timeline(__import__("json").dumps(tel.timeline()))
+        tl = load_timeline(json.dumps(tel.timeline()))       # through JSON and the loader's checks
     finally:
         tel.close()
     by_cause = dict(tl["summary"]["idle_us_by_cause"])
