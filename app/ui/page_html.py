@@ -30,6 +30,10 @@ NO_GPU_HEAD = "No GPU here, so sync and async look alike."
 NO_GPU = ("The async effect needs a device that computes while the host works: on a CPU the same cores build each "
           "step and compute it, so async has nothing to hide.")
 KEYS = "keys: S sync · A async · P presentation"
+# What to do first, on a live page until the engine has run a step (stage.js hides it then).
+FIRST_STEP = ("<b>Start here:</b> press <kbd>L</kbd> to put a steady load on the engine (or Load test → Start "
+              "load), then <kbd>S</kbd> and <kbd>A</kbd> to switch the loop and watch the Gantt.")
+FIRST_STEP_CPU = (" Or open a recorded GPU run, where async shows what it hides: ▶ Open the recording.")
 WHY_IMPORT = ("An imported profiler trace: busy % is what the device did, the union of its kernels, copies and "
               "memsets over the steps' window. The steps' compute spans (between steps only) count the launch gaps "
               "inside a step as busy, so that figure reads higher.")
@@ -201,9 +205,13 @@ def scope_html(state) -> str:
     if live and not device.startswith("cuda"):
         nogpu = (f'<div id="bs-nogpu" class="bs-nogpu" role="note"><p><b>{html.escape(NO_GPU_HEAD)}</b> '
                  f'{html.escape(NO_GPU)}</p>{examples_html()}</div>')
+    first = ""
+    if live:
+        first = (f'<div id="bs-first" class="bs-first" role="note">{FIRST_STEP}'
+                 f'{FIRST_STEP_CPU if nogpu else ""}</div>')
     keys = "".join(f"<span><kbd>{html.escape(k)}</kbd> {html.escape(v)}</span>"
                    for k, v in (PRESENT_KEYS if live else REPLAY_KEYS))
-    return (f'<div id="bs-stage" class="bs-stage">{nogpu}'
+    return (f'<div id="bs-stage" class="bs-stage">{first}{nogpu}'
             f'<div id="bs-scope" class="bs-scope" data-live="{1 if live else 0}" '
             f'data-replay-name="{html.escape(str(recording.get("name") or ""))}">'
             f'<div class="bs-loading">loading charts…</div></div>'

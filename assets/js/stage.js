@@ -300,6 +300,9 @@ function bind() {
   if (ex && !ex.dataset.bound) { ex.dataset.bound = "1"; ex.addEventListener("click", () => openExample(ex)); }
   const nogpu = $("bs-nogpu");
   if (nogpu) nogpu.hidden = state.view.source === "replay";
+  // what to do first: until the engine has run a step, and not over a replay
+  const first = $("bs-first");
+  if (first) first.hidden = state.store.lastStep >= 0 || state.view.source === "replay";
   bindPlay();
 }
 
