@@ -63,6 +63,8 @@ def shift_request(rec: dict, d: float) -> dict:
     for key in ("arrival_us", "first_token_us", "finish_us"):
         out[key] = _add(rec.get(key), d)
     out["token_us"] = [round(t + d, 1) for t in rec.get("token_us", [])]
+    if rec.get("sent_us") is not None:         # a streamed request's chunk write times, on the same clock
+        out["sent_us"] = [round(t + d, 1) for t in rec["sent_us"]]
     return out
 
 

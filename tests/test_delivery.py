@@ -115,3 +115,16 @@ def test_a_client_that_leaves_mid_stream_has_only_the_tokens_it_was_sent(server)
     (req,) = left
     assert 1 <= len(req["sent_us"]) < 60 and len(req["sent_us"]) <= len(req["token_us"])
     assert all(s >= t for t, s in zip(req["token_us"], req["sent_us"]))
+
+
+def test_a_named_recording_shifts_write_times_with_token_times():
+    """A recording cut from the ring starts its clock at its own start: the chunk write times move with the token
+    times, so the delivery delay (written minus made) is the same in it as live."""
+    from batchscope.telemetry.export import shift_request
+
+    rec = {"id": "r", "arrival_us": 1000.0, "first_token_us": 1500.0, "finish_us": 1700.0,
+           "token_us": [1500.0, 1600.0, 1700.0], "sent_us": [1520.0, 1630.0, 1750.0]}
+    out = shift_request(rec, -1000.0)
+    assert out["token_us"] == [500.0, 600.0, 700.0] and out["sent_us"] == [520.0, 630.0, 750.0]
+    assert [s - t for s, t in zip(out["sent_us"], out["token_us"])] == [20.0, 30.0, 50.0]
+    assert shift_request({**rec, "sent_us": None}, -1000.0)["sent_us"] is None

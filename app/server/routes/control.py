@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 from ...loadtest.refusals import ModeLocked
 from ..deps import State
 from ..schemas import GenerateBody, Health, ModeBody, ModeChanged, ModeLock, Status
-from ..streaming import final_outputs, sse_stream
+from ..streaming import delivery_sink, final_outputs, sse_stream
 
 router = APIRouter(prefix="/api", tags=["control"])
 
@@ -52,7 +52,7 @@ async def generate(body: GenerateBody, state: State, request: Request):
                 ev.update(finish_reason=d.finish_reason, error=d.error, output_tokens=produced,
                           prompt_tokens=len(ids))
             return ev
-        return sse_stream([handle], event)
+        return sse_stream([handle], event, on_sent=delivery_sink(state))
     (out,) = await final_outputs([handle], request)
     result = {"id": out.id, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
               "error": out.error, "prompt_tokens": len(out.prompt_token_ids), "output_tokens": len(out.token_ids),
