@@ -103,7 +103,18 @@ def _load_checkpoint(name_or_path: str, dtype: torch.dtype, device: torch.device
     except Exception as exc:        # corrupt weights, an unknown architecture, a config transformers rejects
         raise ConfigError(f"cannot load model {name_or_path!r} ({exc.__class__.__name__}: "
                           f"{first_line(exc)})") from None
+    if device.type == "cpu":
+        own_weights(model)
     return model, _load_tokenizer(name_or_path)
+
+
+def own_weights(model: torch.nn.Module) -> None:
+    """Copy a CPU model's weights out of the safetensors file they are mapped from, one at a time. transformers
+    hands out views of the mapped file, and the mapping lives as long as any of them: once the engine merges
+    q/k/v and gate/up into new tensors (kernels/projections.py), the file's pages they came from stayed resident
+    beside the merged copies (~270 MB for SmolLM2-135M, docs/memory.md). Bit for bit the same values."""
+    for param in model.parameters():        # deduplicated: a tied lm_head is copied once, and stays tied
+        param.data = param.data.clone()
 
 
 def _load_tokenizer(name_or_path: str):
