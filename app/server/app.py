@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
@@ -36,6 +36,7 @@ from .errors import install_error_handlers
 from .middleware import MAX_BODY_BYTES, BodyLimit, TokenAuth
 from .replay import MAX_REPLAY_BYTES
 from .routes import ROUTERS
+from .served_model import check_model
 from .state import AppState
 
 __all__ = ["create_app", "mount_ui", "check_bind", "uvicorn_config", "ServerThread", "MAX_BODY_BYTES",
@@ -62,8 +63,8 @@ def create_app(state: AppState, token: str | None = None, ui: bool = True, close
                   redoc_url=None)
     app.state.batchscope = state
     install_error_handlers(app)
-    for router in ROUTERS:
-        app.include_router(router)
+    for router in ROUTERS:        # /v1 requests name their model; a wrong one is a 404 before any work
+        app.include_router(router, dependencies=[Depends(check_model)] if router.prefix == "/v1" else None)
     app.add_api_route("/health", state.health, include_in_schema=False)   # where load balancers look
     mount_static(app)
     if ui:

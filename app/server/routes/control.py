@@ -1,12 +1,13 @@
 """/api: the engine itself — health, status, the live mode switch, and one generation."""
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from ...loadtest.refusals import ModeLocked
 from ..deps import State
+from ..errors import Conflict
 from ..schemas import GenerateBody, Health, ModeBody, ModeChanged, ModeLock, Status
 from ..streaming import delivery_sink, final_outputs, sse_stream
 
@@ -28,7 +29,7 @@ def set_mode(body: ModeBody, state: State) -> ModeChanged:
     try:
         return state.set_mode(body.mode)
     except ModeLocked as e:     # the request is fine, the moment is not: a conflict, with the reason
-        raise HTTPException(409, str(e)) from None
+        raise Conflict(str(e)) from None
 
 
 @router.get("/mode")

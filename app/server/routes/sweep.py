@@ -11,6 +11,7 @@ from ...loadtest.sweep_spec import SLO, SweepSpec
 from ...loadtest.sweep_status import SweepList, SweepStarted, SweepStatus
 from ..deps import State
 from ..replay import MAX_JSON_DEPTH, json_depth_over
+from ..uploads import read_upload
 
 router = APIRouter(prefix="/api", tags=["sweep"])
 CONFLICT = {409: {"description": "another sweep, an A/B, a load or a burst is running"}}
@@ -58,10 +59,9 @@ def stop_sweep(sweep_id: str, state: State) -> SweepStatus:
 async def import_report(request: Request, state: State, slo_ttft_ms: float | None = None,
                         slo_itl_ms: float | None = None, slo_e2e_ms: float | None = None) -> dict:
     """A GuideLLM JSON report, a `vllm bench serve` result (or JSON lines of them) or a batchscope.sweep/1 file as
-    the body; kept to overlay. The SLO (query) judges its per-request values, where it has them."""
-    raw = await request.body()          # BodyLimit has bounded it to MAX_REPLAY_BYTES already
-    if not raw:
-        raise ValueError("send a GuideLLM or vllm bench serve JSON report as the request body")
+    the body (raw, or as a form's one file field); kept to overlay. The SLO (query) judges its per-request values,
+    where it has them."""
+    raw, _ = await read_upload(request, "a GuideLLM or vllm bench serve JSON report")
     depth = await run_in_threadpool(json_depth_over, raw, MAX_JSON_DEPTH)
     if depth is not None:
         raise ValueError(f"report JSON is nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}")

@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from ..deps import State
 from ..errors import NotFoundError
 from ..schemas import RecordingBody, Recordings, RecordingStarted, RecordingStopped, ReplayLoaded
+from ..uploads import read_upload
 
 router = APIRouter(prefix="/api", tags=["timelines"])
 
@@ -46,12 +47,11 @@ def recordings(state: State) -> Recordings:
 
 @router.post("/replay")
 async def replay_upload(request: Request, state: State, name: str | None = None) -> ReplayLoaded:
-    """The body: a batchscope.timeline/1 JSON document, or a profiler trace (Chrome-trace JSON), either of them
-    gzipped or not; `name` (the file's) is what errors about it say."""
-    raw = await request.body()          # BodyLimit has bounded it to MAX_REPLAY_BYTES already
-    if not raw:
-        raise ValueError("send a batchscope.timeline/1 JSON document or a profiler trace as the request body")
-    return await run_in_threadpool(state.load_replay, raw, name)
+    """The body, raw or as a form's one file field: a batchscope.timeline/1 JSON document, or a profiler trace
+    (Chrome-trace JSON), either of them gzipped or not; `name` (else the form's file name) is what errors about
+    it say."""
+    raw, filename = await read_upload(request, "a batchscope.timeline/1 JSON document or a profiler trace")
+    return await run_in_threadpool(state.load_replay, raw, name or filename)
 
 
 @router.get("/history")
