@@ -16,6 +16,7 @@ from batchscope.engine.config import DTYPES, MODES, EngineConfig
 
 from .bench import options as bench_options
 from .bench.options import positive_int
+from .help_format import apply_everywhere
 from .loadtest import sweep_client
 from .soak import options as soak_options
 from .whatif_cli import add_parser as add_whatif_parser
@@ -42,10 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default="smollm2-135m",
                    help="preset (smollm2-135m, tiny-random, llama3-8b-random), HF folder or hub id")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    s.add_argument("--dtype", default="auto", choices=DTYPES)
+    s.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="the weights' and KV cache's type; auto: bfloat16 on a GPU, float32 on a CPU")
     s.add_argument("--mode", default="async", choices=MODES, help="the loop to start in (switchable live)")
-    s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: from free memory)")
-    s.add_argument("--block-size", type=int, default=16)
+    s.add_argument("--num-blocks", type=int, default=None,
+                   help="KV cache blocks (default: from free GPU memory; 512 on a CPU)")
+    s.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     s.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens,
                    help="a fixed per-step token budget: decodes plus prefill chunks (default: adaptive, chosen "
                         "each step from measured step times; docs/budget.md)")
@@ -54,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 2x the current decode step)")
     s.add_argument("--no-mixed-graphs", action="store_true",
                    help="run the steps that carry prefill eagerly (decode steps keep their CUDA graphs)")
-    s.add_argument("--max-running", type=int, default=64)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-running", type=int, default=64, help="requests in the batch at most")
+    s.add_argument("--seed", type=int, default=0, help="random-weight presets' weights and sampling's seed")
     s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split the model over N GPUs (one process each, started here), or N CPU processes")
     s.add_argument("--cpu-threads", type=positive_int, default=None, metavar="N",
@@ -71,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     r = sub.add_parser("replay", help="open the UI on a recorded timeline or a profiler trace, without loading a model")
-    r.add_argument("file", help="a batchscope.timeline/1 JSON file (GET /api/timeline.json saves one), or a "
-                                "profiler trace (Kineto JSON, .gz or not), imported on the fly")
+    r.add_argument("file", help="a batchscope.timeline/1 JSON file (GET /api/timeline.json saves one), a profiler "
+                                "trace (vLLM, SGLang, transformers or torch.profiler Kineto JSON, .gz or not), or a "
+                                "folder of a run's traces (one per rank): traces are imported on the fly")
     _server_args(r)
     r.set_defaults(func=cmd_replay)
 
@@ -81,13 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_whatif_parser(sub)
 
     # the tools' options are defined once, in their own options.py (argparse only)
-    b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload")
     bench_options.add_arguments(b)
     b.set_defaults(func=cmd_bench)
 
     k = sub.add_parser("soak", help="a long mixed load against a running server: checks nothing is lost, "
-                                    "repeated or leaked", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                    "repeated or leaked")
     soak_options.add_arguments(k)
     k.set_defaults(func=cmd_soak)
 
@@ -95,28 +98,34 @@ def build_parser() -> argparse.ArgumentParser:
                                      "throughput, then rates between; writes batchscope.sweep/1 JSON")
     sweep_client.add_arguments(w)
     w.set_defaults(func=cmd_sweep)
-    return p
+    return apply_everywhere(p)        # one formatter and one way of saying defaults, for every subcommand
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address; anything but loopback needs --token")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="the port to serve on")
     p.add_argument("--token", default=os.environ.get("BATCHSCOPE_TOKEN") or None,
                    help="require this bearer token on every request (default: $BATCHSCOPE_TOKEN)")
     p.add_argument("--no-ui", action="store_true", help="serve the API and websocket only (no Gradio)")
     p.add_argument("--open", action="store_true", help="open the UI in a browser once the server is up")
-    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
+                   help="the web server's log level")
 
 
 def _limit_args(p: argparse.ArgumentParser) -> None:
     from .loadtest.specs import Limits
 
     d = Limits()
-    p.add_argument("--max-prompt-tokens", type=positive_int, default=d.max_prompt_tokens)
-    p.add_argument("--max-new-tokens", type=positive_int, default=d.max_new_tokens)
-    p.add_argument("--max-burst-requests", type=positive_int, default=d.max_burst_requests)
-    p.add_argument("--max-concurrent-bursts", type=positive_int, default=d.max_concurrent_bursts)
-    p.add_argument("--max-waiting-requests", type=positive_int, default=d.max_waiting_requests)
+    p.add_argument("--max-prompt-tokens", type=positive_int, default=d.max_prompt_tokens,
+                   help="refuse a request with a longer prompt (400)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=d.max_new_tokens,
+                   help="refuse a request asking for more tokens (400)")
+    p.add_argument("--max-burst-requests", type=positive_int, default=d.max_burst_requests,
+                   help="requests in one burst (and prompts in one completions request) at most")
+    p.add_argument("--max-concurrent-bursts", type=positive_int, default=d.max_concurrent_bursts,
+                   help="bursts running at once at most")
+    p.add_argument("--max-waiting-requests", type=positive_int, default=d.max_waiting_requests,
+                   help="requests waiting for the engine at most; more is a 429")
 
 
 def _say(msg: str) -> None:
@@ -233,7 +242,8 @@ def _add_import_parser(sub) -> None:
     i = sub.add_parser("import", help="turn profiler traces (vLLM, SGLang, transformers, torch.profiler) into a "
                                       "timeline", description="Import Kineto / torch.profiler traces (JSON, .gz or "
                                       "not) as a batchscope.timeline/1 file; docs/import.md.")
-    i.add_argument("traces", nargs="+", metavar="TRACE", help="a trace file; several: the ranks of one run")
+    i.add_argument("traces", nargs="+", metavar="TRACE",
+                   help="a trace file or a folder of them; several: the ranks of one run")
     i.add_argument("-o", "--output", metavar="OUT", default=None,
                    help="the timeline to write (.gz: gzipped; default: beside the first trace, NAME.timeline.json)")
     i.add_argument("--kernels", action="store_true", help="also keep every device op, for the Perfetto export")

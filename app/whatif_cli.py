@@ -64,7 +64,10 @@ def run(args) -> int:
 
 
 if __name__ == "__main__":          # python -m batchscope.app.whatif_cli RECORDING ... (the same command)
+    from .help_format import apply_everywhere
+
     parser = argparse.ArgumentParser(prog="batchscope")
     add_parser(parser.add_subparsers(dest="command", required=True))
+    apply_everywhere(parser)
     ns = parser.parse_args(["whatif", *sys.argv[1:]])
     sys.exit(ns.func(ns))

@@ -8,6 +8,8 @@ import argparse
 
 from batchscope.engine.config import DTYPES, MODES
 
+from ..help_format import HelpFormatter
+
 DESCRIPTION = ("`batchscope bench`: batchscope's sync and async loops (and transformers' own continuous batching) "
                "on one fixed workload, each set against the memory-bandwidth floor of a decode step; or, with "
                "--workload served, on requests arriving over time with mixed lengths.")
@@ -20,28 +22,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m",
                    help="preset (smollm2-135m, tiny-random, llama3-8b-random), HF folder or hub id")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="the weights' and KV cache's type; auto: bfloat16 on a GPU, float32 on a CPU")
     p.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
                    help="split the model over N GPUs (the transformers baseline is then skipped)")
     p.add_argument("--workload", default="uniform", choices=WORKLOADS,
                    help="uniform: every request at once, equal lengths; served: arrivals over time (--rate, "
                         "--arrival), lengths drawn from MIN:MAX ranges")
-    p.add_argument("--requests", type=positive_int, default=32)
+    p.add_argument("--requests", type=positive_int, default=32, help="requests in the workload")
     p.add_argument("--prompt-tokens", type=lengths, default=256,
                    help="random token ids per prompt (served: N or MIN:MAX, drawn per request)")
     p.add_argument("--new-tokens", type=lengths, default=512,
                    help="generated per request, EOS ignored (served: N or MIN:MAX, drawn per request)")
     p.add_argument("--rate", type=positive_float, default=None, help="served: mean arrivals per second")
-    p.add_argument("--arrival", default=None, choices=ARRIVALS, help="served: the arrival process (default poisson)")
+    p.add_argument("--arrival", default=None, choices=ARRIVALS, help="served: the arrival process (default: poisson)")
     p.add_argument("--burstiness", type=positive_float, default=None,
                    help="served, gamma arrivals: the gaps' shape (1 is Poisson, < 1 burstier, > 1 more regular)")
     p.add_argument("--no-stream", action="store_true",
                    help="served: submit without streaming (no reader thread); latencies from the engine's own "
                         "token times in the timeline")
     p.add_argument("--max-running", type=positive_int, default=None,
-                   help="served: requests the engine runs at once (default 64, as `batchscope serve`); the "
+                   help="served: requests the engine runs at once (default: 64, as `batchscope serve`); the "
                         "uniform workload runs every request at once")
-    p.add_argument("--modes", type=_modes, default=list(MODES), help="comma-separated, e.g. sync,async")
+    p.add_argument("--modes", type=_modes, default=list(MODES),
+                   help=f"comma-separated, e.g. sync,async (default: {','.join(MODES)})")
     p.add_argument("--baseline", default="none", choices=["none", "transformers"],
                    help="also time transformers' continuous batching (generate_batch, async off and on)")
     p.add_argument("--baseline-profile-steps", type=non_negative_int, default=32,
@@ -53,8 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-tokens", type=positive_int, default=8, help="new tokens of the untimed warm-up")
     p.add_argument("--max-batch-tokens", type=budget_tokens, default=None,
                    help="per-step token budget, for both systems: N (fixed) or 'adaptive' (batchscope chooses per "
-                        "step from measured step times; docs/budget.md). Default: uniform, enough to prefill all "
-                        "prompts at once, between 2048 and 8192; served, adaptive (as `batchscope serve`)")
+                        "step from measured step times; docs/budget.md) (default: uniform, enough to prefill all "
+                        "prompts at once, between 2048 and 8192; served, adaptive as `batchscope serve`)")
     p.add_argument("--itl-target-ms", type=positive_float, default=None, metavar="MS",
                    help="adaptive budget: a step that carries prefill while requests decode stays within MS "
                         "(default: 2x the current decode step)")
@@ -72,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="batchscope bench", description=DESCRIPTION,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     add_arguments(p)
     return p
 

@@ -26,25 +26,30 @@ class ClientError(Exception):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="the batchscope server, e.g. http://127.0.0.1:7860")
+    p.add_argument("--url", required=True,
+                   help="a running `batchscope serve`, e.g. http://127.0.0.1:7860: the sweep runs inside it "
+                        "(POST /api/sweep), so a vLLM or SGLang URL is not one; sweep those with GuideLLM or "
+                        "`vllm bench serve` and bring the report in with --compare")
     p.add_argument("--out", required=True, help="where to write the batchscope.sweep/1 JSON")
     p.add_argument("--modes", default="sync,async", help="the engine modes to sweep, in this order")
     p.add_argument("--points", type=int, default=None,
                    help=f"rates between the synchronous and the throughput run, in each mode "
-                        f"(default {DEFAULT_RATE_POINTS})")
+                        f"(default: {DEFAULT_RATE_POINTS})")
     p.add_argument("--rates", default=None, help="or these offered rates (req/s, comma-separated), in every mode")
-    p.add_argument("--duration", type=float, default=None, help="seconds per point (default 10, unless --requests)")
+    p.add_argument("--duration", type=float, default=None, help="seconds per point (default: 10, unless --requests)")
     p.add_argument("--requests", type=int, default=None, help="requests per point")
-    p.add_argument("--slo-ttft-ms", type=float, default=DEFAULT_TTFT_MS)
+    p.add_argument("--slo-ttft-ms", type=float, default=DEFAULT_TTFT_MS, help="held against each request's TTFT")
     p.add_argument("--slo-itl-ms", type=float, default=DEFAULT_ITL_MS,
                    help="held against each request's mean gap between tokens (its TPOT)")
-    p.add_argument("--slo-e2e-ms", type=float, default=None)
+    p.add_argument("--slo-e2e-ms", type=float, default=None,
+                   help="held against each request's end-to-end latency (default: none)")
     p.add_argument("--target", type=float, default=DEFAULT_TARGET, help="SLO attainment a rate must reach (0-1)")
     p.add_argument("--prompt-tokens", default=None, help="N or MIN,MAX (default: the server's)")
     p.add_argument("--output-tokens", default=None, help="N or MIN,MAX (default: the server's)")
     p.add_argument("--max-concurrency", type=int, default=None, help="the throughput run's requests in flight")
-    p.add_argument("--arrival", choices=["constant", "poisson"], default="constant")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arrival", choices=["constant", "poisson"], default="constant",
+                   help="how requests arrive at a point's rate")
+    p.add_argument("--seed", type=int, default=0, help="seeds the prompts (each mode gets the same) and the poisson arrivals")
     p.add_argument("--no-warm-up", action="store_true", help="skip the few requests sent in each mode first")
     p.add_argument("--compare", action="append", default=[], metavar="REPORT",
                    help="a GuideLLM, vllm bench serve or batchscope.sweep/1 JSON report to carry in the file "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..help_format import HelpFormatter
+
 DESCRIPTION = ("`batchscope soak`: a long mixed load against a running server that checks nothing is lost, repeated "
                "or leaked.")
 
@@ -52,6 +54,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="batchscope soak", description=DESCRIPTION,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     add_arguments(p)
     return p

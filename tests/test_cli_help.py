@@ -1,0 +1,95 @@
+"""`--help` reads the same on every subcommand: each one runs, uses the one formatter, and shows every option's
+default the same way, "(default: X)"; the flag names the contracts rely on are all still there."""
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from batchscope.app.bench import options as bench_options
+from batchscope.app.cli import build_parser
+from batchscope.app.help_format import HelpFormatter
+from batchscope.app.soak import options as soak_options
+
+PARSER = build_parser()
+SUBCOMMANDS = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)).choices
+# the flags DESIGN.md and the docs name (extend, never rename)
+CONTRACT_FLAGS = {
+    "serve": {"--model", "--device", "--mode", "--num-blocks", "--port", "--host", "--token", "--no-ui"},
+    "replay": {"--port"},
+    "import": {"-o", "--output", "--kernels", "--workers", "--partial"},
+    "compare": {"--json", "--markdown", "--fail-above"},
+    "whatif": {"--set", "--json", "--verify"},
+    "sweep": {"--url", "--modes", "--points", "--duration", "--slo-ttft-ms", "--slo-itl-ms", "--out"},
+    "bench": {"--model", "--modes", "--requests", "--out"},
+    "soak": {"--url", "--requests", "--json"},
+}
+
+
+def help_of(parser: argparse.ArgumentParser, capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as done:
+        parser.parse_args([*argv, "--help"])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def option_entries(raw: str) -> dict[str, str]:
+    """Each option's entry in the options list, unwrapped, by its first flag (an entry starts at a line
+    indented two spaces with a dash; its help goes on at a deeper indent)."""
+    entries: dict[str, str] = {}
+    current = None
+    for line in raw.split("options:", 1)[1].splitlines():
+        if re.match(r"^  -", line):
+            current = line.split()[0].rstrip(",")
+            entries[current] = line.strip()
+        elif current and line.startswith("   "):
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def shown_default(action: argparse.Action) -> bool:
+    d = action.default
+    return action.option_strings and d is not None and d is not False and d not in ("", []) and \
+        action.help != argparse.SUPPRESS and not isinstance(action, (argparse._HelpAction, argparse._VersionAction))
+
+
+def test_every_subcommand_is_covered():
+    assert set(SUBCOMMANDS) == set(CONTRACT_FLAGS)
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACT_FLAGS))
+def test_each_subcommands_help_runs_and_shows_its_defaults(name, capsys):
+    sub = SUBCOMMANDS[name]
+    assert sub.formatter_class is HelpFormatter
+    assert sub.description, f"{name} --help has no description"
+    raw = help_of(PARSER, capsys, [name])
+    text = " ".join(raw.split())                                    # unwrapped
+    flags = {s for a in sub._actions for s in a.option_strings}
+    assert CONTRACT_FLAGS[name] <= flags
+    entries = option_entries(raw)
+    for action in sub._actions:
+        if shown_default(action):
+            entry = entries[action.option_strings[0]]
+            assert "default" in entry.lower(), f"{name} {action.option_strings}: its default is not shown: {entry!r}"
+    # one spelling for defaults: "(default: X)" or "default: X", never "(default X)" nor a Python list
+    assert not re.search(r"\(default [^:]", text), text
+    assert "default: [" not in text and "default: None" not in text and "default: False" not in text
+
+
+def test_the_tools_own_entry_points_read_the_same(capsys):
+    for parser in (bench_options.build_parser(), soak_options.build_parser()):
+        assert parser.formatter_class is HelpFormatter
+        assert "(default: " in help_of(parser, capsys, [])
+
+
+def test_import_and_replay_say_folders_and_traces(capsys):
+    text = " ".join(help_of(PARSER, capsys, ["import"]).split())
+    assert "a trace file or a folder of them; several: the ranks of one run" in text
+    text = " ".join(help_of(PARSER, capsys, ["replay"]).split())
+    assert "folder" in text and "profiler trace" in text
+
+
+def test_sweep_says_which_servers_it_can_drive(capsys):
+    text = " ".join(help_of(PARSER, capsys, ["sweep"]).split())
+    assert "batchscope serve" in text and "vLLM" in text
