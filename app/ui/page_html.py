@@ -211,12 +211,15 @@ def scope_html(state) -> str:
                  f'{FIRST_STEP_CPU if nogpu else ""}</div>')
     keys = "".join(f"<span><kbd>{html.escape(k)}</kbd> {html.escape(v)}</span>"
                    for k, v in (PRESENT_KEYS if live else REPLAY_KEYS))
-    return (f'<div id="bs-stage" class="bs-stage">{first}{nogpu}'
+    # the band above the charts (a column beside them when presenting): an A/B's panel first in the markup so
+    # that, once shown, it can replace the notice (style.css), then the notice and the scoreboard
+    return (f'<div id="bs-stage" class="bs-stage">{first}'
+            f'<div id="bs-band" class="bs-band">'
+            f'<aside id="bs-ab-panel" class="bs-ab-panel" aria-live="polite" hidden></aside>{nogpu}'
+            f'<aside id="bs-board" class="bs-board" aria-label="per-mode scoreboard"></aside></div>'
             f'<div id="bs-scope" class="bs-scope" data-live="{1 if live else 0}" '
             f'data-replay-name="{html.escape(str(recording.get("name") or ""))}">'
             f'<div class="bs-loading">loading charts…</div></div>'
-            f'<aside id="bs-board" class="bs-board" aria-label="per-mode scoreboard"></aside>'
-            f'<aside id="bs-ab-panel" class="bs-ab-panel" aria-live="polite" hidden></aside>'
             f'<div id="bs-present-keys" class="bs-present-keys" aria-label="keyboard shortcuts">{keys}</div>'
             f'<div id="bs-replay-loading" class="bs-replay-loading" role="status" hidden>'
             f'<span class="bs-spinner" aria-hidden="true"></span><span id="bs-replay-loading-text">'

@@ -27,6 +27,17 @@ const SWITCH_STEPS = 4;                    // the switch view: this many steps e
 function setScale() {
   const k = Math.max(1, Math.min(3, Math.min(window.innerWidth / 1280, window.innerHeight / 720)));
   document.documentElement.style.setProperty("--bs-scale", k.toFixed(3));
+  setStageTop();
+}
+
+// Where the stage starts on the page: presentation mode sizes the column beside the charts to the rest of the
+// screen (style.css), and the header's height changes with the scale and its wrapping.
+function setStageTop() {
+  const stage = $("bs-stage");
+  if (!stage || !presenting()) return;
+  const top = Math.round(stage.getBoundingClientRect().top + window.scrollY);
+  const root = document.documentElement;
+  if (root.style.getPropertyValue("--bs-stage-top") !== top + "px") root.style.setProperty("--bs-stage-top", top + "px");
 }
 
 export function setPresent(on) {
@@ -55,12 +66,13 @@ function onKey(ev) {
   const live = state.live && state.view.source === "live";
   const act = {
     s: live && (() => switchMode("sync")), a: live && (() => switchMode("async")),
-    l: live && toggleLoad, b: live && runAB, w: toggleSwitchView,
+    l: live && toggleLoad, b: live && runAB, w: () => { releaseABHold(); toggleSwitchView(); },
     " ": state.view.source === "replay" && togglePlay,
     p: () => setPresent(!presenting()), escape: presenting() && (() => setPresent(false)),
   }[k];
   if (!act) return;
   ev.preventDefault();
+  if ("salb".includes(k)) releaseABHold();           // the presenter moves on: back to the live window
   act();
 }
 
@@ -93,7 +105,7 @@ async function toggleLoad() {
 
 // ---------------------------------------------------------------- an A/B (B) and its result
 
-const ab = { id: null, timer: null };
+const ab = { id: null, timer: null, held: false };   // held: the A/B's span while the view holds on it
 
 async function runAB() {
   if (ab.id) { note("an A/B is running already", true); return; }
@@ -120,9 +132,11 @@ function showAB(st) {
   if (!el) return;
   el.hidden = false;
   if (st.state === "running") {
+    // the half's own count: the result reports requests per half, so the progress counts the same ones
     const half = st.phase ? st.phase + " half" : "warm-up";
+    const each = st.requests_per_half || "…";
     el.innerHTML = `<div class="bs-ab-head">A/B running · ${esc(half)}</div>` +
-      `<div class="bs-ab-progress">${st.done || 0} / ${st.total || "…"} requests</div>`;
+      `<div class="bs-ab-progress">${st.phase ? st.half_done || 0 : 0} / ${each} requests of this half</div>`;
     return;
   }
   if (st.state !== "done") {
@@ -132,12 +146,37 @@ function showAB(st) {
   const s = st.sync || {}, a = st.async || {};
   const tps = st.speedup ? `<b class="bs-ab-big">${st.speedup.toFixed(2)}×</b> output tokens/s in async` : "";
   const busy = (x) => (x.busy_pct === null || x.busy_pct === undefined ? "–" : fmt(x.busy_pct, 1) + "%");
+  // "GPU busy" only where a device computed: on a CPU the figure is the host spans'
+  const onHost = [s, a].some(x => ((x.telemetry || {}).busy_basis) === "host") || !!$("bs-nogpu");
   el.innerHTML = `<div class="bs-ab-head">A/B · ${st.requests_per_half} requests each half</div>` +
     `<div class="bs-ab-result">${tps}</div>` +
-    `<div class="bs-ab-busy">GPU busy <span class="sync">sync ${busy(s)}</span> → <span class="async">async ${busy(a)}</span></div>` +
+    `<div class="bs-ab-busy">${onHost ? "busy (host)" : "GPU busy"} <span class="sync">sync ${busy(s)}</span> → <span class="async">async ${busy(a)}</span></div>` +
     verdictHtml(st.compare, "bs-ab-verdict");
   el.dataset.state = st.state;
   el.dataset.verdict = (st.compare && st.compare.verdict) || "";
+  holdOnAB(s.window_us, a.window_us);
+}
+
+// After an A/B the charts stay on its span (the live window would slide to empty while the room reads the
+// result) until the presenter moves on: Resume live, a window button, or S, A, L, B or W.
+function holdOnAB(syncWindow, asyncWindow) {
+  const view = state.view;
+  if (!syncWindow || !asyncWindow || view.source !== "live") return;
+  const lo = syncWindow[0], hi = asyncWindow[1], pad = 0.02 * (hi - lo);
+  ab.held = [lo - pad, hi + pad];
+  Object.assign(view, { follow: false, paused: true, zoomed: false, range: ab.held });
+  state.dirty = true;
+  note("the A/B's span, held: Resume live or any key goes back to live", false);
+}
+
+function releaseABHold() {
+  if (!ab.held) return;
+  const held = ab.held;
+  ab.held = false;
+  if (state.view.source === "live" && state.view.range === held) {     // not moved on already
+    Object.assign(state.view, { follow: true, paused: false, range: null });
+    state.dirty = true;
+  }
 }
 
 // ---------------------------------------------------------------- the switch view (W)
@@ -320,6 +359,7 @@ function tick() {
         showServerCpu(nv[i]);
       }
       if (!document.hidden) updateBoard();
+      setStageTop();
       checkLoading();
       if (state.view.source !== "replay" && play.on) { play.on = false; syncPlay(); }
     }
