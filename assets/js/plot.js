@@ -97,6 +97,10 @@ function unmeasured(layout) {
 export function draw(el, traces, layout) {
   if (!el || !window.Plotly) return;
   drawing.own++;
+  // Every chart has its own height: given its width too, Plotly's responsive handler leaves it alone (with the
+  // width alone missing it drops our height for the div's and the Gantt's canvas no longer matches its axes);
+  // a window resize asks for a new picture instead (main.js), at the new width.
+  if (layout.height && layout.width === undefined && el.clientWidth) layout.width = el.clientWidth;
   try { window.Plotly.react(el, traces, unmeasured(layout), PLOT_CONFIG); } finally { drawing.own--; }
   if (!drawing.bound.has(el)) {
     drawing.bound.add(el);

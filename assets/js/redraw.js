@@ -15,7 +15,7 @@
 import { CHARTS, chartContext, drawChart } from "./charts.js";
 import { currentData, currentRange, onDirty, state, stepsIn, tensorParallel } from "./feed.js";
 import { prepareGantt, prepareRanks, showGantt } from "./gantt.js";
-import { moveRange, textScale } from "./plot.js";
+import { moveRange, presentHeight, textScale } from "./plot.js";
 import { $ } from "./util.js";
 
 const MIN_PERIOD_MS = 250;
@@ -129,7 +129,7 @@ function plan() {
   // (live data keeps arriving while a picture is drawn: `total` is the count the picture was planned with)
   // (the request picked in the slowest list is drawn on the Gantt: picking or clearing one is a new picture)
   const focus = state.focus ? state.focus.id : "";
-  const snap = { d, lo, hi, data: id, key: `${id}|${state.gen}|${lo}|${hi}|${textScale()}|${focus}`, stepGen: state.stepGen,
+  const snap = { d, lo, hi, data: id, key: `${id}|${state.gen}|${lo}|${hi}|${textScale()}|${presentHeight("gantt")}|${focus}`, stepGen: state.stepGen,
                  total: d.steps.length, switches: d.mode_changes.length, nvml: d.nvml.length, gantt: null, ctx: null };
   // (the other tensor-parallel ranks' ink is a task of its own: as much work again per rank)
   const ranks = full && tensorParallel(d).ranks.length > 0;
