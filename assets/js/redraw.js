@@ -194,9 +194,11 @@ function unchanged(id, snap) {
 }
 
 // A chart of per-step values whose steps have not changed, slid to the right: the points it holds already
-// cover the new window (there is no step past the old one), so only its axis needs to move.
+// cover the new window (its window held the newest step, so there is no step past it), so only its axis needs
+// to move. A jump right from an older window (a slowest request, a CDF point) is drawn afresh.
 function movable(id, snap, el) {
-  const s = shown.get(id);
+  const s = shown.get(id), steps = snap.d.steps, last = steps[steps.length - 1];
   return STEP_CHARTS.has(id) && snap.data === "live" && !!el.layout && !!s && s.stepGen === snap.stepGen &&
-    s.width === el.clientWidth && s.scale === textScale() && snap.lo >= s.lo && snap.hi >= s.hi;
+    s.width === el.clientWidth && s.scale === textScale() && snap.lo >= s.lo && snap.hi >= s.hi &&
+    (!last || last._s <= s.hi);
 }

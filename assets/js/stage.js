@@ -11,7 +11,7 @@
  * the busy and throughput charts and the scoreboard fill the screen, and the text grows with it (--bs-scale,
  * 1 at 1280x720 up to 3 at 3840x2160). ?present=1 in the address opens the page in it. */
 import { api, withToken } from "./api.js";
-import { showReplay, showModeLock } from "./controls.js";
+import { showReplay, showModeLock, syncControls } from "./controls.js";
 import { currentData, headSample, state } from "./feed.js";
 import { requestMode, setConn, showServerCpu, showView } from "./header.js";
 import { updateBoard, verdictHtml } from "./scoreboard.js";
@@ -165,6 +165,7 @@ function holdOnAB(syncWindow, asyncWindow) {
   const lo = syncWindow[0], hi = asyncWindow[1], pad = 0.02 * (hi - lo);
   ab.held = [lo - pad, hi + pad];
   Object.assign(view, { follow: false, paused: true, zoomed: false, range: ab.held });
+  syncControls();
   state.dirty = true;
   note("the A/B's span, held: Resume live or any key goes back to live", false);
 }
@@ -175,6 +176,7 @@ function releaseABHold() {
   ab.held = false;
   if (state.view.source === "live" && state.view.range === held) {     // not moved on already
     Object.assign(state.view, { follow: true, paused: false, range: null });
+    syncControls();
     state.dirty = true;
   }
 }

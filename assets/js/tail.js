@@ -144,8 +144,16 @@ export async function focusRequest(id, from) {
   Object.assign(state.view, { follow: false, range: [a - pad, b + pad], zoomed: true });
   showFocusText(w);
   markChosen();
-  $("bs-gantt")?.scrollIntoView({ block: "nearest" });
+  revealGantt();
   state.dirty = true;
+}
+
+// Scroll the Gantt into sight below the sticky header (which would otherwise cover its top lanes).
+function revealGantt() {
+  const g = $("bs-gantt"), head = $("bs-header");
+  if (!g) return;
+  g.style.scrollMarginTop = Math.max(0, Math.round(head ? head.getBoundingClientRect().bottom : 0)) + 8 + "px";
+  g.scrollIntoView({ block: "nearest" });
 }
 
 export function clearFocus() {
