@@ -194,3 +194,53 @@ def test_gantt_follows_a_resize(replay, browser, present):
         assert not errors, errors
     finally:
         ctx.close()
+
+
+# The x range of the Gantt and of every chart drawn, in seconds, and whether the chart has a point inside it.
+RANGES_JS = """() => Object.fromEntries(['bs-gantt', 'bs-c-busy', 'bs-c-tps', 'bs-c-batch', 'bs-c-kv', 'bs-c-queue', 'bs-c-step']
+  .map(id => document.getElementById(id)).filter(el => el && el.layout && el.layout.xaxis).map(el => {
+    const [lo, hi] = el.layout.xaxis.range;
+    const inside = (el.data || []).some(t => (t.x || []).some(x => typeof x === 'number' && x >= lo && x <= hi));
+    return [el.id, {range: [lo, hi], inside}]; }))"""
+
+
+def pick_request(page, rid: str):
+    page.click(f"#bs-slowest tbody tr[data-id='{rid}']")
+    page.wait_for_function("id => document.querySelector('#bs-gantt').dataset.focus === id", arg=rid, timeout=T)
+    page.wait_for_timeout(2500)                             # the picture is drawn in slices
+
+
+def test_a_jump_leaves_every_chart_on_one_window_and_the_gantt_in_sight(live, browser):
+    for seed in (1, 2):                                     # requests at two different times
+        b = post_json(live.url, "/api/burst", {"num_requests": 6, "prompt_tokens": [8, 16],
+                                               "max_new_tokens": [24, 32], "seed": seed})
+        until(lambda: get_json(live.url, f"/api/bursts/{b['burst_id']}")["state"] != "running")
+        if seed == 1:
+            import time
+            time.sleep(1.5)
+    ctx, page, errors = open_page(browser, live.url + "/", (1366, 768))
+    try:
+        page.wait_for_function("+document.querySelector('#bs-slowest')?.dataset.rows > 1", timeout=T)
+        ids = page.eval_on_selector_all("#bs-slowest tbody tr[data-id]", "rows => rows.map(r => r.dataset.id)")
+        starts = {}
+        for rid in ids:
+            waits = get_json(live.url, f"/api/requests/{rid}/waits")
+            starts[rid] = waits["lifetime_us"][0]
+        early, late = min(ids, key=starts.get), max(ids, key=starts.get)
+        assert starts[late] > starts[early]
+        page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+        pick_request(page, late)
+        # the Gantt's top lanes below the sticky header, not under it
+        assert box(page, "#bs-gantt")["top"] >= box(page, "#bs-header")["bottom"] - 1
+        page.set_viewport_size({"width": 1366, "height": 2400})         # every chart in sight, so every one drawn
+        for rid in (early, late, early):                    # a jump right, then left, from a frozen window
+            pick_request(page, rid)
+            ranges = page.evaluate(RANGES_JS)
+            gantt = ranges.pop("bs-gantt")["range"]
+            assert len(ranges) == 6, ranges
+            for chart, r in ranges.items():
+                assert r["range"] == pytest.approx(gantt, abs=1e-3), (rid, chart, r, gantt)
+                assert r["inside"], (rid, chart, r)          # drawn for this window, not only its axis moved
+        assert not errors, errors
+    finally:
+        ctx.close()
