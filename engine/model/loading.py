@@ -58,9 +58,12 @@ def load_model(config: EngineConfig, attn_implementation: str | None = None, dev
     dtype = dtype or resolve_dtype(config.dtype, device)
     name = config.model
     ours = attn_implementation == ATTN_NAME
+    # an engine that computes on this CPU keeps the weights it loads; a rank loaded here to be cut and moved to
+    # a GPU (parallel/) copies them on the way anyway
+    own = device.type == "cpu" and resolve_device(config.device).type == "cpu"
     if name == "smollm2-135m":
         ckpt = smollm2_checkpoint()
-        model, tokenizer = _load_checkpoint(str(ckpt), dtype, device)
+        model, tokenizer = _load_checkpoint(str(ckpt), dtype, device, own)
     elif name in PRESETS:
         tokenizer = _tokenizer_from(smollm2_tokenizer())
         cfg = random_preset_config(name, len(tokenizer))
@@ -73,7 +76,7 @@ def load_model(config: EngineConfig, attn_implementation: str | None = None, dev
             if ours:
                 static_support(read_config(name))
             check_checkpoint_folder(name)
-        model, tokenizer = _load_checkpoint(name, dtype, device)
+        model, tokenizer = _load_checkpoint(name, dtype, device, own)
     model.eval().requires_grad_(False)
     support: dict = {}
     layout = KVLayout.from_config(model.config)
@@ -92,7 +95,7 @@ def load_model(config: EngineConfig, attn_implementation: str | None = None, dev
     return LoadedModel(model, tokenizer, name, eos_ids, int(max_len), layout, support)
 
 
-def _load_checkpoint(name_or_path: str, dtype: torch.dtype, device: torch.device):
+def _load_checkpoint(name_or_path: str, dtype: torch.dtype, device: torch.device, own: bool = False):
     from transformers import AutoModelForCausalLM
 
     try:
@@ -103,7 +106,7 @@ def _load_checkpoint(name_or_path: str, dtype: torch.dtype, device: torch.device
     except Exception as exc:        # corrupt weights, an unknown architecture, a config transformers rejects
         raise ConfigError(f"cannot load model {name_or_path!r} ({exc.__class__.__name__}: "
                           f"{first_line(exc)})") from None
-    if device.type == "cpu":
+    if own:
         own_weights(model)
     return model, _load_tokenizer(name_or_path)
 
