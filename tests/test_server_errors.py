@@ -11,9 +11,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from batchscope.app.loadtest.specs import Limits
-from batchscope.app.server import create_app
+from batchscope.app.server import ServerThread, create_app
 from batchscope.app.server.state import AppState
 from batchscope.engine import EngineConfig
+from batchscope.telemetry import load_timeline
+from test_server_limits import raw_request, read_response
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OWN_TIMELINE = FIXTURES / "batchscope-cpu-async.timeline.json.gz"
@@ -75,6 +77,20 @@ def test_a_form_without_exactly_one_file_says_how_to_send_one(client, path, send
     assert r.status_code == status, r.text
     assert reason in r.json()["error"]
     assert client.get("/api/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("path", ["/api/replay", "/api/sweep/import"])
+def test_a_form_over_the_upload_limit_is_413_before_it_is_read(path):
+    """The limit counts the whole form: an 80 MiB one, declared and never sent, is refused at once."""
+    timeline = load_timeline(gzip.decompress(OWN_TIMELINE.read_bytes()))
+    with ServerThread(create_app(AppState(replay=timeline), ui=False)) as srv:
+        sock = raw_request(srv.url, f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
+                                    f"boundary=b\r\nContent-Length: {80 << 20}\r\n\r\n")
+        try:
+            status, body = read_response(sock)
+        finally:
+            sock.close()
+    assert status == 413 and "64 MiB" in body["error"]
 
 
 def test_a_form_is_not_read_as_json(client):
