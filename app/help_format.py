@@ -26,7 +26,7 @@ class HelpFormatter(argparse.HelpFormatter):
 
 def _shows_default(action: argparse.Action) -> bool:
     default = action.default
-    if action.help == argparse.SUPPRESS or default is None or default is False or default in ("", [], argparse.SUPPRESS):
+    if argparse.SUPPRESS in (action.help, default) or default is None or default is False or default in ("", []):
         return False                    # `is False`: a default of 0 is worth showing
     if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
         return False

@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=None, help="the throughput run's requests in flight")
     p.add_argument("--arrival", choices=["constant", "poisson"], default="constant",
                    help="how requests arrive at a point's rate")
-    p.add_argument("--seed", type=int, default=0, help="seeds the prompts (each mode gets the same) and the poisson arrivals")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the prompts (each mode gets the same) and the poisson arrivals")
     p.add_argument("--no-warm-up", action="store_true", help="skip the few requests sent in each mode first")
     p.add_argument("--compare", action="append", default=[], metavar="REPORT",
                    help="a GuideLLM, vllm bench serve or batchscope.sweep/1 JSON report to carry in the file "

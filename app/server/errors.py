@@ -73,7 +73,8 @@ OPENAI_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: 
 OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
 _INTERNAL_NAME = re.compile(r"\b(" + "|".join(OPENAI_NAMES) + r")\b")
 # a reason that starts with a field's name, after an optional "invalid ...: " lead-in or a "body." location
-_LEADING_FIELD = re.compile(r"^(?:[^:]*: )??(?:body\.)?([a-z_]+)(?:\[\d+\])?(?: -?[\d.]+)?(?:[.:]| must| is| needs| \(|$)")
+_LEADING_FIELD = re.compile(r"^(?:[^:]*: )??(?:body\.)?([a-z_]+)(?:\[\d+\])?(?: -?[\d.]+)?"
+                            r"(?:[.:]| must| is| needs| \(|$)")
 
 
 def openai_error(status: int, reason: str, param: str | None = None, code: str | int | None = None) -> dict:
