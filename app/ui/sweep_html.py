@@ -46,10 +46,17 @@ def sweep_progress_html(st: dict) -> str:
             f'</div></div><span class="bs-progress-label">{label} · {done}/{total} points</span></div>')
 
 
-def _rate(pick: dict | None) -> str:
+def _achieved(pick: dict | None) -> str:
+    """What the server did at a point: its achieved request rate."""
+    return "–" if not pick else f"{number_text(pick['requests_per_s'], 2)} req/s"
+
+
+def _offered(pick: dict | None) -> str:
+    """What the point asked of it: the offered rate (none for the synchronous and throughput runs) and the point."""
     if not pick:
-        return "–"
-    return f"{number_text(pick['requests_per_s'], 2)} req/s <small>({e_(point_text(pick))})</small>"
+        return ""
+    rate = f"{pick['offered_rate']:.2f} req/s " if pick.get("offered_rate") else ""
+    return f"{rate}<small>{e_(str(pick['index']))}: {e_(KIND_TEXT.get(pick['kind'], pick['kind']))}</small>"
 
 
 def e_(text: str) -> str:
@@ -63,22 +70,32 @@ def sweep_summary_html(st: dict) -> str:
         return ""
     slo = st.get("slo") or {}
     target = slo.get("target", 0.99)
-    rows = [(f"meets the SLOs (≥ {target:.0%}) up to", lambda s: _rate(s.get("slo_max"))),
-            ("leaves them at", lambda s: _rate(s.get("slo_exit")) if s.get("slo_exit") else "not within the sweep"),
-            ("TTFT p99 knee", lambda s: _rate(((s.get("knees") or {}).get("ttft_ms") or {}).get("p99"))),
-            ("ITL p99 knee", lambda s: _rate(((s.get("knees") or {}).get("itl_ms") or {}).get("p99"))),
-            ("E2E p99 knee", lambda s: _rate(((s.get("knees") or {}).get("e2e_ms") or {}).get("p99")))]
-    head = "".join(f'<th class="{e_(m)}">{e_(m)}</th>' for m in modes)
-    body = "".join(f"<tr><th>{label}</th>" + "".join(f"<td>{read(s)}</td>" for s in modes.values()) + "</tr>"
+    # per mode two columns: the rate the server achieved and the rate the point offered, never mixed in one cell
+    rows = [(f"meets the SLOs (≥ {target:.0%}) up to", lambda s: s.get("slo_max")),
+            ("leaves them at", lambda s: s.get("slo_exit")),
+            ("TTFT p99 knee", lambda s: ((s.get("knees") or {}).get("ttft_ms") or {}).get("p99")),
+            ("ITL p99 knee", lambda s: ((s.get("knees") or {}).get("itl_ms") or {}).get("p99")),
+            ("E2E p99 knee", lambda s: ((s.get("knees") or {}).get("e2e_ms") or {}).get("p99"))]
+    head = "".join(f'<th class="{e_(m)}" colspan="2">{e_(m)}</th>' for m in modes)
+    sub = "<th>achieved</th><th>offered</th>" * len(modes)
+
+    def cells(label: str, pick: dict | None) -> str:
+        if pick is None and label == "leaves them at":
+            return '<td colspan="2">not within the sweep</td>'
+        return f"<td>{_achieved(pick)}</td><td>{_offered(pick)}</td>"
+
+    body = "".join(f"<tr><th>{label}</th>" + "".join(cells(label, read(s)) for s in modes.values()) + "</tr>"
                    for label, read in rows)
-    top = "".join(f"<td>{_top(c.get('points') or [])}</td>" for c in st["modes"].values() if c.get("points"))
+    top = "".join(f"<td>{_top(c.get('points') or [])}</td><td><small>all in flight</small></td>"
+                  for c in st["modes"].values() if c.get("points"))
     body += f"<tr><th>throughput run</th>{top}</tr>"
     limits = ", ".join(f"{k.split('_')[0].upper()} ≤ {v:g} ms" for k, v in slo.items() if k != "target" and v)
     sid = e_(st["id"])
     links = (f'<div class="bs-sweep-downloads">download <a id="bs-sweep-json" href="/api/sweep/{sid}.json?download=1"'
              f' download>JSON</a> · <a id="bs-sweep-csv" href="/api/sweep/{sid}.csv?download=1" download>CSV</a>'
              f' <small>(batchscope.sweep/1; the charts have their own PNG button)</small></div>')
-    return (f'<table id="bs-sweep-table" class="bs-table bs-ab"><thead><tr><th></th>{head}</tr></thead>'
+    return (f'<table id="bs-sweep-table" class="bs-table bs-ab"><thead><tr><th></th>{head}</tr>'
+            f'<tr class="bs-sweep-sub"><th></th>{sub}</tr></thead>'
             f'<tbody>{body}</tbody></table><div class="bs-ab-legend">SLOs: {e_(limits or "none")} '
             f'(ITL against each request\'s mean gap)</div>{links}')
 
