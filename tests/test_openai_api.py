@@ -130,7 +130,7 @@ def test_chat_accepts_text_parts_and_max_completion_tokens(client):
 @pytest.mark.parametrize("call, reason", [
     (lambda c: c.completions.create(model=MODEL, prompt="x", n=2), "n must be 1"),
     (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=65), "over the limit"),
-    (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=0), "max_new_tokens"),
+    (lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=0), "max_tokens must"),
     (lambda c: c.completions.create(model=MODEL, prompt="x", temperature=-0.5), "temperature"),
     (lambda c: c.completions.create(model=MODEL, prompt="", max_tokens=2), "empty"),
     (lambda c: c.completions.create(model=MODEL, prompt=["x"] * 9, max_tokens=2), "over the limit"),

@@ -80,8 +80,6 @@ _LEADING_FIELD = re.compile(r"^(?:[^:]*: )??(?:body\.)?([a-z_]+)(?:\[\d+\])?(?: 
 def openai_error(status: int, reason: str, param: str | None = None, code: str | int | None = None) -> dict:
     """OpenAI's error object, with the request's own field names in the message and `param`."""
     message = _INTERNAL_NAME.sub(lambda m: OPENAI_NAMES[m.group(1)], reason)
-    if message != reason:               # the name the engine's limits and logs use, for the one who reads both
-        message += " (" + ", ".join(f"{k} in batchscope" for k in OPENAI_NAMES if k in reason) + ")"
     if param is None and status == 400:
         found = _LEADING_FIELD.match(message)
         param = found.group(1) if found else None
