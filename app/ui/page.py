@@ -21,7 +21,7 @@ import gradio as gr
 from .generate_tab import generate_tab, wire_generate
 from .load_tab import load_test_tab, wire_load_test
 from .page_html import header_html, replay_html, scope_html
-from .sweep_tab import sweep_tab, wire_sweep
+from .sweep_tab import SweepTab, sweep_charts, sweep_tab, wire_sweep
 
 ASSETS = resources.files("batchscope.assets")
 
@@ -49,17 +49,26 @@ def build_ui(state) -> gr.Blocks:
         with gr.Row(equal_height=False, elem_id="bs-main"):
             with gr.Column(scale=1, min_width=360, elem_id="bs-side"):
                 with gr.Tabs():
+                    others = []
                     if not live:
-                        with gr.Tab("Replay"):
+                        with gr.Tab("Replay") as replay_tab:
                             gr.HTML(replay_html(state), js_on_load=None)
-                    with gr.Tab("Generate"):
+                        others.append(replay_tab)
+                    with gr.Tab("Generate") as gen_tab:
                         gen = generate_tab(live, limits)
-                    with gr.Tab("Load test"):
+                    with gr.Tab("Load test") as load_tab:
                         load = load_test_tab(live, limits)
-                    with gr.Tab("Sweep"):
-                        sweep = sweep_tab(live)
+                    with gr.Tab("Sweep") as sweep_panel:
+                        sweep_fields = sweep_tab(live)
+                    others += [gen_tab, load_tab]
             with gr.Column(scale=3, min_width=640, elem_id="bs-charts"):
+                # the Sweep tab's results take the wide column while that tab is open, above the live charts
+                with gr.Column(visible=False, elem_id="bs-sweep-wide") as sweep_wide:
+                    sweep = SweepTab(**sweep_fields, **sweep_charts())
                 gr.HTML(scope_html(state), elem_id="bs-scope-block", js_on_load=None)
+        sweep_panel.select(lambda: gr.update(visible=True), None, sweep_wide, queue=False)
+        for tab in others:
+            tab.select(lambda: gr.update(visible=False), None, sweep_wide, queue=False)
         wire_generate(state, gen)
         wire_load_test(state, load, demo)
         wire_sweep(state, sweep, demo)

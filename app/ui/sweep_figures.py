@@ -76,7 +76,7 @@ def curves_figure(series: list[dict], slo: dict | None, x_key: str = "requests_p
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=[t for _, t in CURVE_ROWS])
     if not any(s["points"] for s in series):
-        return _layout(_empty(fig, "no sweep yet: start one above"), 640)
+        return _layout(_empty(fig, "no sweep yet: start one in the Sweep tab on the left"), 640)
     slo = slo or {}
     for s in series:
         pts = _load_order(s["points"])

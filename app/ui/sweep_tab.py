@@ -57,7 +57,7 @@ class SweepTab:
         return [self.slo_ttft, self.slo_itl, self.slo_e2e, self.target]
 
 
-def sweep_tab(live: bool) -> SweepTab:
+def sweep_tab(live: bool) -> dict:
     gr.Markdown("**Sweep**: in each mode a synchronous run (one request at a time), a throughput run (as many in "
                 "flight as the server allows), then rates evenly spaced between the two, the same seeded requests "
                 "at every point. The mode toggle is locked while it runs.", elem_id="bs-sweep-intro")
@@ -84,6 +84,18 @@ def sweep_tab(live: bool) -> SweepTab:
         start = gr.Button(START, variant="primary", elem_id="bs-sweep-start", interactive=live, size="sm")
         stop = gr.Button(STOP, variant="stop", elem_id="bs-sweep-stop", interactive=False, size="sm")
     progress = gr.HTML("", elem_id="bs-sweep-progress", js_on_load=None)
+    upload = gr.File(label="overlay a GuideLLM or vllm bench serve JSON report", file_types=[".json", ".jsonl"],
+                     type="binary", elem_id="bs-sweep-upload", interactive=live)
+    imported = gr.HTML("", elem_id="bs-sweep-import-status", js_on_load=None)
+    return {"modes": modes, "points": points, "duration": duration, "prompt": prompt, "output": output,
+            "slo_ttft": slo_ttft, "slo_itl": slo_itl, "slo_e2e": slo_e2e, "target": target, "start": start,
+            "stop": stop, "progress": progress, "upload": upload, "imported": imported,
+            "sweep_id": gr.State(None), "imports": gr.State([])}
+
+
+def sweep_charts() -> dict:
+    """The Sweep tab's results, built where they are placed: the wide column beside the side panel (page.py
+    shows them while the Sweep tab is open), not the 360-px panel that holds the fields."""
     summary = gr.HTML("", elem_id="bs-sweep-summary", js_on_load=None)
     x_axis = gr.Radio([("requests/s", "requests_per_s"), ("output tokens/s", "output_tokens_per_s")],
                       value="requests_per_s", label="throughput axis", elem_id="bs-sweep-x")
@@ -97,12 +109,8 @@ def sweep_tab(live: bool) -> SweepTab:
     dist_kind = gr.Radio([("CDF", "cdf"), ("histogram", "hist")], value="cdf", label="as",
                          elem_id="bs-sweep-dist-kind")
     dist = gr.Plot(distribution_figure([]), elem_id="bs-sweep-dist", show_label=False)
-    upload = gr.File(label="overlay a GuideLLM or vllm bench serve JSON report", file_types=[".json", ".jsonl"],
-                     type="binary", elem_id="bs-sweep-upload", interactive=live)
-    imported = gr.HTML("", elem_id="bs-sweep-import-status", js_on_load=None)
-    return SweepTab(modes, points, duration, prompt, output, slo_ttft, slo_itl, slo_e2e, target, start, stop,
-                    progress, summary, x_axis, curves, engine, choice, dist_kind, refresh, dist, upload, imported,
-                    gr.State(None), gr.State([]))
+    return {"summary": summary, "x_axis": x_axis, "curves": curves, "engine": engine, "choice": choice,
+            "dist_kind": dist_kind, "refresh": refresh, "dist": dist}
 
 
 # ----------------------------------------------------------------------------------------------- the handlers
