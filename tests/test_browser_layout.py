@@ -105,7 +105,7 @@ def check_first_screen(page, size: tuple[int, int]):
         assert box(page, "#bs-gantt")["top"] < size[1] - 60  # the Gantt's top lanes above the fold
 
 
-@pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("size", SCREENS + [(3840, 2160)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_first_screen_before_any_step(live, browser, size):
     ctx, page, errors = open_page(browser, live.url + "/", size)
     try:
@@ -126,6 +126,22 @@ def test_first_screen_with_data(live, browser, size):
     try:
         page.wait_for_selector("#bs-first", state="hidden", timeout=T)   # the engine has run: no "start here"
         check_first_screen(page, size)
+        assert not errors, errors
+    finally:
+        ctx.close()
+
+
+def test_sweep_results_take_the_wide_column(live, browser):
+    ctx, page, errors = open_page(browser, live.url + "/", LAPTOP)
+    try:
+        assert not page.is_visible("#bs-sweep-curves")      # the live charts own the column until the tab opens
+        page.get_by_role("tab", name="Sweep").click()
+        page.wait_for_selector("#bs-sweep-curves", state="visible", timeout=T)
+        side, curves = box(page, "#bs-side"), box(page, "#bs-sweep-curves")
+        assert curves["left"] > side["right"] and curves["width"] > 600, (side, curves)
+        assert page.is_visible("#bs-sweep-start")           # the fields stay in the side panel
+        page.get_by_role("tab", name="Generate").click()
+        page.wait_for_selector("#bs-sweep-curves", state="hidden", timeout=T)
         assert not errors, errors
     finally:
         ctx.close()
