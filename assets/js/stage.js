@@ -167,7 +167,7 @@ function holdOnAB(syncWindow, asyncWindow) {
   Object.assign(view, { follow: false, paused: true, zoomed: false, range: ab.held });
   syncControls();
   state.dirty = true;
-  note("the A/B's span, held: Resume live or any key goes back to live", false);
+  note("the A/B's span, held: Resume live (or S, A, L, B) goes back to live", false);
 }
 
 function releaseABHold() {
