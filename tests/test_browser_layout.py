@@ -147,6 +147,17 @@ def test_sweep_results_take_the_wide_column(live, browser):
         ctx.close()
 
 
+# Pairs of the Gantt's labels (switches, the title line above the lanes) whose boxes overlap.
+OVERPRINT_JS = """() => { const boxes = [...document.querySelectorAll('#bs-gantt .annotation-text')]
+    .map(e => [e.textContent, e.getBoundingClientRect()]).filter(([, r]) => r.width);
+  const out = [];
+  for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+    const [a, r] = boxes[i], [b, q] = boxes[j];
+    if (r.left < q.right - 1 && q.left < r.right - 1 && r.top < q.bottom - 1 && q.top < r.bottom - 1) out.push([a, b]);
+  }
+  return out; }"""
+
+
 def stop_load(url: str):
     running = get_json(url, "/api/status").get("running_load")
     if running:
@@ -175,6 +186,9 @@ def test_presentation_fits_with_a_load_and_an_ab(live, browser):
         assert "requests" not in progress or f"/ {each} requests" in progress or "/ … requests" in progress, progress
         assert "GPU busy" not in panel and "busy (host)" in panel          # a CPU: no GPU to be busy
         assert not page.is_visible("#bs-nogpu")                            # the result in the notice's place
+        # the switches the A/B made are labelled on the Gantt, no label over another
+        page.wait_for_timeout(1500)
+        assert page.evaluate(OVERPRINT_JS) == []
         # the view holds on the A/B: paused there, not sliding on to an empty live window
         page.wait_for_timeout(1500)
         assert page.text_content("#bs-pause").strip() == "Resume live"

@@ -220,10 +220,15 @@ export function modeShapes(d, lo, hi, withLabels, usPerPx) {
 
 // Groups of switches whose labels would touch, each group one label (merged until no two labels touch).
 function switchLabels(changes, lo, hi, usPerPx) {
-  const px = fontPx(11), width = text => (text.length * 0.6 * px + 14) * usPerPx;
+  const px = fontPx(11), width = text => (text.length * 0.62 * px + 14) * usPerPx;
   const text = g => (g.length > 1 ? switchesLabel(g) : switchLabel(g[0]));
   const centre = g => (g[0].t_us + g[g.length - 1].t_us) / 2;
-  const touch = (a, b) => centre(b) - centre(a) < (width(text(a)) + width(text(b))) / 2;
+  // where a label lies once placed: centred on its switches, or anchored inside the plot near an edge
+  const extent = g => {
+    const t = centre(g), w = width(text(g));
+    return t - w / 2 < lo ? [t, t + w] : t + w / 2 > hi ? [t - w, t] : [t - w / 2, t + w / 2];
+  };
+  const touch = (a, b) => extent(a)[1] > extent(b)[0];
   let groups = changes.map(c => [c]);
   for (let merged = true; merged;) {
     merged = false;
