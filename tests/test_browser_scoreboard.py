@@ -211,6 +211,8 @@ def test_cpu_page_says_why_and_opens_the_h200_example(server, browser):
             else:
                 assert sum(1 for e in got["traceEvents"] if e.get("name", "").startswith("compute ")) == len(doc["steps"])
 
+        # presenting the replay on a live server offers the replay's keys, not the engine's S, A, L and B
+        assert present_keys(page) == "Space play / pause W the switch P leave"
         # back to live: the engine's badge, toggle and device return
         page.click("#bs-back-live")
         page.wait_for_selector("#bs-scope[data-source='live']", timeout=T)
@@ -219,9 +221,21 @@ def test_cpu_page_says_why_and_opens_the_h200_example(server, browser):
         assert page.text_content("#bs-mode") in ("sync", "async")
         assert page.is_visible("#bs-nogpu")
         assert page.get_attribute("#bs-dl-json", "href").startswith("/api/timeline.json")
+        assert present_keys(page).startswith("S sync A async L load on/off B run an A/B")
         assert not errors, errors
     finally:
         ctx.close()
+
+
+def present_keys(page) -> str:
+    """The key hints presentation mode shows, as a room reads them (P in, read, P out)."""
+    page.click("#bs-header .bs-brand")
+    page.keyboard.press("p")
+    page.wait_for_function("document.documentElement.classList.contains('bs-present')", timeout=T)
+    text = " ".join(page.inner_text("#bs-present-keys").split())
+    page.keyboard.press("p")
+    page.wait_for_function("!document.documentElement.classList.contains('bs-present')", timeout=T)
+    return text
 
 
 def test_live_scoreboard_fills_per_mode_and_keys_switch_the_engine(server, browser):

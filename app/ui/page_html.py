@@ -209,8 +209,12 @@ def scope_html(state) -> str:
     if live:
         first = (f'<div id="bs-first" class="bs-first" role="note">{FIRST_STEP}'
                  f'{FIRST_STEP_CPU if nogpu else ""}</div>')
-    keys = "".join(f"<span><kbd>{html.escape(k)}</kbd> {html.escape(v)}</span>"
-                   for k, v in (PRESENT_KEYS if live else REPLAY_KEYS))
+    def hints(pairs) -> str:
+        return "".join(f"<span><kbd>{html.escape(k)}</kbd> {html.escape(v)}</span>" for k, v in pairs)
+    # a live server can show a replay too ("load replay"): its keys S, A, L and B act on the engine, not on the
+    # replay on screen, so while one is shown (bs-scope's data-source, style.css) only the replay's keys are offered
+    keys = (f'<span class="bs-keys-live">{hints(PRESENT_KEYS)}</span>'
+            f'<span class="bs-keys-replay">{hints(REPLAY_KEYS)}</span>') if live else hints(REPLAY_KEYS)
     # the band above the charts (a column beside them when presenting): an A/B's panel first in the markup so
     # that, once shown, it can replace the notice (style.css), then the notice and the scoreboard
     return (f'<div id="bs-stage" class="bs-stage">{first}'
