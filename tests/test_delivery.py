@@ -10,10 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.app.loadtest.specs import Limits
-from batchscope.app.server import ServerThread, create_app
-from batchscope.app.server.state import AppState
-from batchscope.engine.config import EngineConfig
 from batchscope.telemetry.delivery import Deliveries
+from conftest import tiny_app_server
 
 MODEL = "tiny-random"
 
@@ -40,13 +38,8 @@ def test_write_times_join_the_token_times_whichever_comes_first():
 
 @pytest.fixture(scope="module")
 def server():
-    state = AppState.load(EngineConfig(model=MODEL, device="cpu", dtype="float32", num_blocks=256,
-                                       max_batch_tokens=256, max_running=32),
-                          Limits(max_prompt_tokens=256, max_new_tokens=64, max_burst_requests=8))
-    srv = ServerThread(create_app(state, ui=False)).start()
-    yield srv
-    srv.stop()
-    state.close()
+    with tiny_app_server(Limits(max_prompt_tokens=256, max_new_tokens=64, max_burst_requests=8), ui=False) as srv:
+        yield srv
 
 
 def delivery_metric(url: str) -> tuple[float, float]:
