@@ -7,7 +7,6 @@ Without a GPU the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1) o
 """
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -33,7 +32,6 @@ from transformers.models.qwen3 import modeling_qwen3  # noqa: E402
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm  # noqa: E402
 
 from batchscope.engine.kernels import rms_norm as rms, rotary as rot, silu_mul as silu  # noqa: E402
-from batchscope.engine.kernels.common import same_code  # noqa: E402
 
 INTERPRETED = type(rms._rms_norm_kernel).__name__ == "InterpretedFunction"
 interp = pytest.mark.skipif(not INTERPRETED, reason="CPU interpreter tests run where there is no CUDA device "
