@@ -1,4 +1,5 @@
-# batchscope: `make serve` runs the dashboard on the embedded model, `make test` runs the test suite.
+# batchscope: `make serve` runs the dashboard on the embedded model, `make test` runs the test suite
+# (`make test-fast`: the part that needs no model, server or browser).
 # Both work in a project virtual environment (.venv) that they make when it is missing, so they run the same on a
 # distribution Python (PEP 668), pyenv, or inside an activated venv or conda env.
 # Already have a CUDA build of torch?  make serve VENV_OPTS=--system-site-packages  (the venv then sees it)
@@ -10,7 +11,7 @@ PORT ?= 7860
 BIN = $(VENV)/bin
 PIP = $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: install serve test browser-deps prometheus-deps clean-venv
+.PHONY: install serve test test-fast browser-deps prometheus-deps clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV_OPTS) $(VENV)
@@ -44,6 +45,10 @@ serve: install
 
 test: install browser-deps prometheus-deps
 	$(BIN)/python -m pytest -q
+
+# the contributors' lane: tests that need no model download, no server and no browser (about a minute)
+test-fast: install
+	$(BIN)/python -m pytest -q tests/unit tests/importers
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,0 +1,178 @@
+"""`batchscope whatif` without running an engine: the prediction's contract, the engine's own scheduler deciding
+(preemption under a small KV cache, a budget that chunks prompts), the sync->async forecast as one of its cases,
+and bad input refused with one line and exit 2."""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchscope.app.cli import main
+from batchscope.telemetry.whatif import SCHEMA_ID, WhatIfError, open_recording, parse, predict
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+H200_SYNC = FIXTURES / "batchscope-h200-sync.timeline.json.gz"
+CPU_ASYNC = FIXTURES / "batchscope-cpu-async.timeline.json.gz"
+SOURCE = {"tool": "torch.profiler", "engine": "vllm", "files": [{"name": "t.json", "rank": 0}], "trace_start": None,
+          "steps_from": "execute_model", "inferred": []}
+FIGURES = ("output_tokens_per_s", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "busy_pct")
+
+
+def _timeline(path: Path) -> dict:
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(["whatif", *map(str, argv)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_json_holds_recorded_and_predicted_per_mode_with_every_figure(tmp_path, capsys):
+    out = tmp_path / "w.json"
+    rc, text, _ = _run(capsys, CPU_ASYNC, "--set", "max_batch_tokens=32", "--json", out)
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == SCHEMA_ID
+    entry = doc["modes"]["async"]
+    for side in ("recorded", "predicted"):
+        for name in FIGURES:
+            assert name in entry[side]
+        for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            assert set(entry[side][name]) == {"p50", "p90", "p99"}
+    assert entry["predicted"]["output_tokens_per_s"] > 0
+    low, high = entry["predicted"]["interval"]["low"], entry["predicted"]["interval"]["high"]
+    assert low["ttft_ms"]["p50"] <= entry["predicted"]["ttft_ms"]["p50"] <= high["ttft_ms"]["p50"]
+    assert doc["model"]["device_compute"]["us"]["one"] > 0           # the coefficients export
+    assert doc["settings"]["whatif"]["max_batch_tokens"] == 32
+    assert "TTFT p50 ms" in text and "predicted" in text
+
+
+def test_a_small_kv_cache_makes_the_real_scheduler_preempt():
+    rec = open_recording(str(H200_SYNC))
+    roomy = predict(rec, {}, runs=1)["modes"]["sync"]["predicted"]
+    tight = predict(rec, {"num_blocks": 120}, runs=1)["modes"]["sync"]["predicted"]
+    assert roomy["preemptions"] == 0
+    assert tight["preemptions"] > 0
+    assert tight["unfinished_requests"] == 0
+    assert tight["e2e_ms"]["p50"] > roomy["e2e_ms"]["p50"]
+
+
+def test_a_small_budget_chunks_prompts_and_delays_first_tokens():
+    rec = open_recording(str(H200_SYNC))
+    wide = predict(rec, {"max_batch_tokens": 4096}, runs=1)["modes"]["sync"]["predicted"]
+    narrow = predict(rec, {"max_batch_tokens": 64}, runs=1)["modes"]["sync"]["predicted"]
+    assert narrow["budgets"]["fixed"]["tokens_p50"] == 64
+    assert narrow["ttft_ms"]["p50"] > 1.5 * wide["ttft_ms"]["p50"]
+
+
+def test_a_slower_arrival_rate_spreads_the_load_out():
+    rec = open_recording(str(H200_SYNC))
+    base = predict(rec, {}, runs=1)["modes"]["sync"]
+    slow = predict(rec, {"rate": 0.1}, runs=1)["modes"]["sync"]["predicted"]
+    assert slow["output_tokens_per_s"] < 0.5 * base["predicted"]["output_tokens_per_s"]
+    assert slow["duration_s"] > 2 * base["predicted"]["duration_s"]
+    waited = slow["idle_ms_by_cause"].get("empty_queue", 0.0)           # the device waits for arrivals
+    assert waited > 10 * base["predicted"]["idle_ms_by_cause"].get("empty_queue", 0.0) + 1.0
+
+
+def test_mode_async_on_a_sync_recording_agrees_with_the_forecast():
+    """forecast.py's sync->async forecast is the `mode=async` case: the same step period within 5%."""
+    doc = predict(open_recording(str(H200_SYNC)), {"mode": "async"})
+    entry = doc["modes"]["async"]
+    assert entry["recorded"]["mode"] == "sync"
+    check = entry["forecast"]
+    assert check["applicable"]
+    assert abs(check["difference_pct"]) < 5.0
+    assert entry["predicted"]["busy_pct"] > entry["recorded"]["busy_pct"]
+
+
+def test_the_prediction_is_repeatable():
+    rec = open_recording(str(CPU_ASYNC))
+    a = predict(rec, {"rate": 2.0}, runs=3)
+    b = predict(rec, {"rate": 2.0}, runs=3)
+    assert a["modes"] == b["modes"]
+
+
+def test_shapes_beyond_the_recording_are_flagged():
+    rec = open_recording(str(CPU_ASYNC))     # its steps prefill at most 21 tokens
+    doc = predict(rec, {"rate": 50.0, "max_batch_tokens": 512}, runs=1)
+    flagged = doc["modes"]["async"]["predicted"]["extrapolated"]
+    assert flagged["steps"] > 0 and flagged["beyond_recorded"]
+
+
+@pytest.mark.parametrize("pairs, words", [
+    (["budget=5"], "unknown setting 'budget'"),
+    (["max_running"], "expected KEY=VALUE"),
+    (["max_running=0"], "max_running=0: must be an integer >= 1"),
+    (["num_blocks=1"], "num_blocks=1: must be an integer >= 2"),
+    (["rate=-2"], "rate=-2: must be a positive number"),
+    (["rate=fast"], "rate=fast: must be a positive number"),
+    (["mode=turbo"], "mode=turbo: must be one of sync, async"),
+    (["mixed_graphs=maybe"], "must be on or off"),
+    (["rate=2", "rate=3"], "rate given twice"),
+])
+def test_bad_settings_get_one_line(pairs, words):
+    with pytest.raises(WhatIfError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        parse(pairs)
+
+
+def _refused(capsys, argv) -> str:
+    rc, text, err = _run(capsys, *argv)
+    assert rc == 2 and not text
+    assert err.count("\n") == 1 and err.startswith("batchscope: ") and "Traceback" not in err
+    return err
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    tl = _timeline(CPU_ASYNC)
+    no_requests = tmp_path / "none.json"
+    no_requests.write_text(json.dumps({**tl, "requests": []}))
+    assert "holds no requests" in _refused(capsys, [no_requests])
+    foreign = tmp_path / "vllm.json"
+    foreign.write_text(json.dumps({**tl, "meta": {**tl["meta"], "source": SOURCE}}))
+    assert "another engine (vllm, torch.profiler)" in _refused(capsys, [foreign])
+    assert "unknown setting" in _refused(capsys, [CPU_ASYNC, "--set", "turbo=1"])
+    assert "could never run" in _refused(capsys, [H200_SYNC, "--set", "num_blocks=2"])
+    assert "impossible settings" in _refused(capsys, [CPU_ASYNC, "--set", "max_batch_tokens=64",
+                                                      "itl_target_ms=20"])
+    assert "cannot read" in _refused(capsys, [tmp_path / "missing.json"])
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{not json")
+    assert "not a batchscope timeline" in _refused(capsys, [garbage])
+    assert "folder does not exist" in _refused(capsys, [CPU_ASYNC, "--json", tmp_path / "no" / "w.json"])
+
+
+def test_the_command_line_loads_nothing_heavy_until_whatif_runs():
+    code = ("import sys; from batchscope.app.cli import build_parser; build_parser().parse_args(['whatif', 'x']); "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_new_load_replaces_the_recorded_one():
+    rec = open_recording(str(H200_SYNC))
+    asked = {"requests": 48, "prompt_tokens": (64, 64), "new_tokens": (16, 16), "arrival": "poisson", "seed": 3}
+    entry = predict(rec, asked, runs=1)["modes"]["sync"]
+    assert entry["predicted"]["requests"] == 48
+    assert entry["predicted"]["output_tokens"] == 48 * 16
+    burst = predict(rec, {**asked, "arrival": "burst"}, runs=1)["modes"]["sync"]["predicted"]
+    assert burst["ttft_ms"]["p90"] > entry["predicted"]["ttft_ms"]["p90"]     # all at once: the last ones queue
+    assert predict(rec, asked, runs=1)["modes"] == predict(rec, asked, runs=1)["modes"]        # seeded
+
+
+@pytest.mark.parametrize("pairs, words", [
+    (["prompt_tokens=9:3"], "must be N or MIN:MAX"),
+    (["new_tokens=0"], "must be N or MIN:MAX"),
+    (["arrival=uniform"], "must be one of burst, poisson, gamma"),
+    (["requests=0"], "must be an integer >= 1"),
+    (["seed=x"], "must be an integer >= 0"),
+    (["burstiness=0"], "must be a positive number"),
+])
+def test_bad_load_settings_get_one_line(pairs, words):
+    with pytest.raises(WhatIfError, match=words):
+        parse(pairs)
