@@ -14,11 +14,11 @@ import time
 from batchscope import __version__
 from batchscope.engine.config import DTYPES, MODES, EngineConfig
 
-from .bench import options as bench_options
-from .bench.options import positive_int
+from .bench import flags as bench_options
+from .bench.flags import positive_int
 from .help_format import apply_everywhere
-from .loadtest import sweep_client
-from .soak import options as soak_options
+from .loadtest.sweep import remote as sweep_client
+from .soak import arguments as soak_options
 from .whatif_cli import add_parser as add_whatif_parser
 
 DEFAULT_PORT = 7860
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare_parser(sub)
     add_whatif_parser(sub)
 
-    # the tools' options are defined once, in their own options.py (argparse only)
+    # the tools' options are defined once, in their own flags.py and arguments.py (argparse only)
     b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload")
     bench_options.add_arguments(b)
     b.set_defaults(func=cmd_bench)
@@ -291,21 +291,21 @@ def compare_sides(argv: list[str]) -> list[str]:
 
 
 def cmd_compare(args) -> int:
-    from batchscope.telemetry.comparison.command import run       # numpy loads here
+    from batchscope.telemetry.comparison.compare_command import run       # numpy loads here
 
     return run(args.recordings, args.new, args.json, args.markdown, args.fail_above, args.min_effect)
 
 
 def cmd_bench(args) -> int:
-    from .bench import run          # torch and transformers load here
+    from .bench import command          # torch and transformers load here
 
-    return run.main(args) or 0
+    return command.main(args) or 0
 
 
 def cmd_soak(args) -> int:
-    from .soak import run
+    from .soak import campaign
 
-    return run.main(args)
+    return campaign.main(args)
 
 
 def cmd_sweep(args) -> int:

@@ -37,7 +37,7 @@ def _say(msg: str) -> None:
 def run(args) -> int:
     from batchscope.telemetry.whatif import WhatIfError, open_recording, parse, predict
     from batchscope.telemetry.whatif.measure import add_measured
-    from batchscope.telemetry.whatif.report import text_lines
+    from batchscope.telemetry.whatif.table import text_lines
 
     try:
         if not 1 <= args.runs <= 100:

@@ -8,7 +8,7 @@ The gap is [previous step's compute end, this step's compute start]. Each instan
   ran counts as "d2h";
 - time spent inside telemetry's own observer callback is "telemetry" (so its cost is never hidden);
 - an instant inside a collection of Python's garbage collector is "gc", whatever span it interrupted: the
-  collector holds the GIL, so the engine thread could do nothing then (telemetry/collector.py); before the first
+  collector holds the GIL, so the engine thread could do nothing then (telemetry/gc_pauses.py); before the first
   request existed, though, there was nothing to do anyway (below);
 - "preempted": the engine thread was not running although its phase had work to do. Each step says its thread's
   CPU time per phase (`cpu_us`) beside the wall span; in a phase of fixed host work (schedule, fill, launch,

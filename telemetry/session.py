@@ -13,7 +13,7 @@ import dataclasses
 import time
 
 from .catchup import catch_up
-from .collector import CollectorPauses
+from .gc_pauses import CollectorPauses
 from .export import build_timeline, created_now, shift_records
 from .hub import MAX_SUBSCRIBERS, Hub, request_view
 from .nvml import BUSY_NOTE, Sampler, unix_origin_ns

@@ -7,4 +7,4 @@ served_figures.py (a run's figures), served_run.py (its order of work), steps.py
 
 Importing the package loads none of torch or transformers; run.py does. `python -m batchscope.app.bench` runs it.
 """
-from .report import _digest, disagreeing_runs  # noqa: F401  (token checks, light: read from here by engine tests)
+from .summary_table import _digest, disagreeing_runs  # noqa: F401  (token checks, light: read from here by engine tests)

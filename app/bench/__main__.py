@@ -3,6 +3,6 @@ import sys
 
 from batchscope.engine.parallel.ranks import leave
 
-from .run import main
+from .command import main
 
 sys.exit(leave(main()))

@@ -1,5 +1,5 @@
 """What every bench workload shares: its messages, the order its runs go in, which transformers variants it can
-run, the head of its result and how its files are written (run.py's uniform workload, served_run.py's served
+run, the head of its result and how its files are written (command.py's uniform workload, served/procedure.py's served
 one)."""
 from __future__ import annotations
 

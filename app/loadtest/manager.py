@@ -2,9 +2,9 @@
 continuous loads that run until stopped (or until their bounds).
 
 Requests are submitted and streamed from one asyncio loop on the run's own thread, and timed there
-(plans.py draws the requests, sender.py sends and times them, metrics.py adds them up). Mode switches made through the server go through
+(arrivals.py draws the requests, sender.py sends and times them, client_timing.py adds them up). Mode switches made through the server go through
 `BurstManager.set_mode`, which refuses them while an A/B runs: each half must run in one mode.
-A sweep (sweep.py) takes the engine for itself through `hold_engine`: while it runs nothing else starts and the
+A sweep (sweep/sweeps.py) takes the engine for itself through `hold_engine`: while it runs nothing else starts and the
 mode is locked, as for an A/B.
 """
 from __future__ import annotations
@@ -16,13 +16,13 @@ import uuid
 
 from batchscope.engine.config import SamplingParams
 
-from .metrics import RequestTiming, burst_metrics
-from .plans import PlannedRequest, plan_burst
+from .client_timing import RequestTiming, burst_metrics
+from .arrivals import PlannedRequest, plan_burst
 from .refusals import BusyError, EngineTaken, ModeLocked
 from .runs import ABRun, Burst, LoadRun
 from .sender import Sender, sleep_until
 from .specs import BurstSpec, Limits, LoadSpec, Mode
-from .sweep_points import point_values
+from .sweep.curves import point_values
 from .statuses import ABStatus, BurstList, BurstResults, BurstStatus, LoadStatus
 
 __all__ = ["BurstManager", "ModeLocked"]
@@ -54,7 +54,7 @@ class BurstManager:
         self._abs: dict[str, ABRun] = {}
         self._loads: dict[str, LoadRun] = {}
         self._threads: list[threading.Thread] = []
-        self._holder = None             # a sweep (sweep.py) that has the engine to itself while it runs
+        self._holder = None             # a sweep (sweep/sweeps.py) that has the engine to itself while it runs
         self._closed = False
         self.dropped = {"bursts": 0, "ab": 0, "loads": 0}
 

@@ -7,7 +7,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .metrics import LoadTally
+from .client_timing import LoadTally
 from .specs import BurstSpec, LoadSpec, Mode
 from .statuses import ABStatus, BurstResults, BurstStatus, LoadRecent, LoadStatus, ModeChangeNote, RunState
 

@@ -8,8 +8,8 @@ import time
 
 from batchscope.engine.config import SamplingParams
 
-from .metrics import RequestTiming
-from .plans import PlannedRequest, request_stream
+from .client_timing import RequestTiming
+from .arrivals import PlannedRequest, request_stream
 from .runs import Burst, InFlight, LoadRun
 from .specs import Limits
 from .statuses import BurstResults

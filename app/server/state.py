@@ -21,9 +21,9 @@ from batchscope.telemetry.nvml import BUSY_NOTE
 from ..loadtest.manager import BurstManager
 from ..loadtest.specs import BurstSpec, Limits, LoadSpec, Mode
 from ..loadtest.statuses import ABStatus, BurstList, BurstStatus, LoadStatus
-from ..loadtest.sweep import Sweeps
-from ..loadtest.sweep_spec import SLO, SweepSpec
-from ..loadtest.sweep_status import SweepList, SweepStarted, SweepStatus
+from ..loadtest.sweep.sweeps import Sweeps
+from ..loadtest.sweep.spec import SLO, SweepSpec
+from ..loadtest.sweep.progress import SweepList, SweepStarted, SweepStatus
 from .errors import BusyError, NoEngineError, NotFoundError, ShuttingDownError
 from .openai_logprobs import TokenStrings
 from .profiles import ProfileWindows
@@ -298,9 +298,9 @@ class AppState:
         return self.sweeps.list() if self.sweeps is not None else SweepList(sweeps=[], imports=[])
 
     def import_report(self, raw, slo: SLO | None = None) -> dict:
-        """Read a GuideLLM, vllm bench serve or batchscope.sweep/1 report (loadtest/foreign.py) and keep it to
+        """Read a GuideLLM, vllm bench serve or batchscope.sweep/1 report (loadtest/foreign/reports.py) and keep it to
         overlay; ReportError (400) when it is not what it claims. One at a time, like a replay upload."""
-        from ..loadtest.foreign import read_report
+        from ..loadtest.foreign.reports import read_report
 
         self._runs()
         if not self._import_lock.acquire(blocking=False):

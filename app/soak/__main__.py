@@ -1,6 +1,6 @@
 """`python -m batchscope.app.soak ...`: the same as `batchscope soak ...`."""
 import sys
 
-from .run import main
+from .campaign import main
 
 sys.exit(main())

@@ -4,7 +4,7 @@ engine's busy % and ms/step with SLO attainment per point; and the latency distr
 of chosen points or load-test runs. A CDF's points carry the engine id of their request (customdata), when its
 values came with ids: the page (assets/js/tail.js) jumps the Gantt to that request's lifetime when one is clicked.
 
-Pure functions of a sweep's status as JSON (app/loadtest/sweep_status.py) and of raw values, so they are checked
+Pure functions of a sweep's status as JSON (app/loadtest/sweep/progress.py) and of raw values, so they are checked
 without a browser. A series is {"name", "color", "points", "summary"} (a mode of ours, or a foreign report's).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..loadtest.metrics import ids_key
+from ..loadtest.client_timing import ids_key
 
 MODE_COLORS = {"sync": "#ea580c", "async": "#2563eb"}      # the page's own (assets/style.css: --bs-sync, --bs-async)
 FOREIGN_COLORS = ("#059669", "#7c3aed", "#6b7280", "#b45309", "#db2777")

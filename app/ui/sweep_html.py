@@ -1,7 +1,7 @@
 """The HTML of the Sweep tab that sweep_tab.py shows: a sweep's progress, what each mode's curve says (the highest
 rate meeting the SLOs, where it leaves them, its knees) with the downloads, and what an imported report held.
 
-Pure functions of a sweep's status as JSON (app/loadtest/sweep_status.py), like load_html.py, so they are checked
+Pure functions of a sweep's status as JSON (app/loadtest/sweep/progress.py), like load_html.py, so they are checked
 without a browser.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..loadtest.sweep_spec import DEFAULT_ITL_MS, DEFAULT_RATE_POINTS, DEFAULT_TARGET, DEFAULT_TTFT_MS, SLO, SweepSpec
+from ..loadtest.sweep.spec import DEFAULT_ITL_MS, DEFAULT_RATE_POINTS, DEFAULT_TARGET, DEFAULT_TTFT_MS, SLO, SweepSpec
 from .load_tab import CHECK_MODE_LOCK_SOON, refusal
 from .page_html import error_html
 from .sweep_figures import (FOREIGN_COLORS, MODE_COLORS, curves_figure, distribution_figure, engine_figure,

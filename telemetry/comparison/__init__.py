@@ -6,11 +6,11 @@ intervals that know their noise and a verdict per figure (`batchscope compare`, 
     result["verdict"], result["step_time_ratio"]            # "slower", {"value": 1.12, "low": ..., "high": ...}
 
 Rooms: inputs.py (any recording kind -> timelines), shapes.py (buckets and per-step figures), noise.py (bootstrap,
-run spread, verdict rules), analysis.py (the comparison), context.py (checks, settings, end-to-end figures),
-report.py (terminal and Markdown).
+run spread, verdict rules), matched.py (the comparison), context.py (checks, settings, end-to-end figures),
+text.py (terminal and Markdown).
 """
-from .analysis import SCHEMA_ID, compare
+from .matched import SCHEMA_ID, compare
 from .inputs import CompareInputError, Recording, open_recordings
-from .report import markdown, text_lines
+from .text import markdown, text_lines
 
 __all__ = ["compare", "open_recordings", "CompareInputError", "Recording", "SCHEMA_ID", "markdown", "text_lines"]

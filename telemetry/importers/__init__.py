@@ -15,12 +15,12 @@ import os
 from pathlib import Path
 
 from ..export import validate_timeline
-from .analysis import analyse
-from .errors import (ClockSkewError, NoDeviceActivityError, NotATraceError, TraceImportError,
-                     TruncatedTraceError)
-from .ranks import order_ranks
+from .file_analysis import analyse
+from .bad_trace import (ClockSkewError, NoDeviceActivityError, NotATraceError, TraceImportError,
+                        TruncatedTraceError)
+from .rank_files import order_ranks
 from .reading import read_trace
-from .timeline import build
+from .to_timeline import build
 
 __all__ = ["import_trace", "TraceImportError", "NotATraceError", "TruncatedTraceError", "NoDeviceActivityError",
            "ClockSkewError"]

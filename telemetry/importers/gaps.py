@@ -22,7 +22,7 @@ import numpy as np
 from . import names as N
 from . import phases as P
 from .busy import DeviceBusy
-from .collector import WAIT_EVENT
+from .columns import WAIT_EVENT
 from .host_activity import HostQuery
 from .tables import TraceTables
 

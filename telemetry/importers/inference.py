@@ -13,7 +13,7 @@ import numpy as np
 
 from . import names as N
 from .busy import DeviceBusy
-from .plans import StepPlan
+from .step_plans import StepPlan
 from .tables import TraceTables
 
 MIN_PERIODS = 3

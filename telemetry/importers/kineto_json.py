@@ -13,8 +13,8 @@ import re
 
 import ijson
 
-from .collector import EventCollector
-from .errors import NotATraceError, TraceImportError, TruncatedTraceError
+from .columns import EventCollector
+from .bad_trace import NotATraceError, TraceImportError, TruncatedTraceError
 from .opening import open_text
 
 _EVENTS_KEY = "traceEvents"

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from .collector import SYNC_KINDS, EventCollector
-from .errors import NotATraceError, TraceImportError
+from .columns import SYNC_KINDS, EventCollector
+from .bad_trace import NotATraceError, TraceImportError
 from .tables import TraceTables, build_tables
 
 _COPY_NAMES = {1: "Memcpy HtoD", 2: "Memcpy DtoH", 3: "Memcpy HtoA", 4: "Memcpy AtoH", 5: "Memcpy AtoA",

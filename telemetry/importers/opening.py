@@ -9,7 +9,7 @@ import zlib
 from collections import deque
 from pathlib import Path
 
-from .errors import NotATraceError, TraceImportError, TruncatedTraceError
+from .bad_trace import NotATraceError, TraceImportError, TruncatedTraceError
 
 GZIP_MAGIC = b"\x1f\x8b"
 SQLITE_MAGIC = b"SQLite format 3\x00"

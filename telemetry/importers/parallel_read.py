@@ -22,8 +22,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import ijson
 
-from .collector import EventCollector
-from .errors import TruncatedTraceError
+from .columns import EventCollector
+from .bad_trace import TruncatedTraceError
 from .kineto_json import BIG_INTEGER_NOTE, exact_backend, overflowed
 from .opening import open_text
 

@@ -2,7 +2,7 @@
 file, parallel_read.py), keep the trailing keys."""
 from __future__ import annotations
 
-from .errors import NotATraceError
+from .bad_trace import NotATraceError
 from .kineto_json import read_events, read_header
 from .nsys_sqlite import read_nsys_sqlite
 from .opening import file_kind

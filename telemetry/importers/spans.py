@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import names as N
-from .plans import StepPlan
+from .step_plans import StepPlan
 from .tables import TraceTables
 
 

@@ -5,7 +5,7 @@ fields) and `meta.source.unknown` says so: the summary and the page show it as u
 from __future__ import annotations
 
 from .gaps import Gap, top_ops
-from .plans import StepPlan
+from .step_plans import StepPlan
 from .spans import StepSpans
 
 _MARKER_CHARS = 200

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import names as N
-from .collector import EventCollector
+from .columns import EventCollector
 
 ABSOLUTE_TS_US = 1e15          # a ts this large is already µs since the epoch (Kineto before baseTimeNanoseconds)
 

@@ -12,7 +12,7 @@ import time
 from batchscope.engine.config import EngineConfig, SamplingParams
 
 from ..session import Telemetry
-from .figures import figures
+from .measures import figures
 from .recording import LoadItem, WhatIfError, from_timeline
 
 WARMUP_REQUESTS = 8         # the first steps of a process run slower (allocations, first kernels): not measured
@@ -83,8 +83,8 @@ def measure(config: EngineConfig, mode: str, load: list[LoadItem], rate: float, 
 
 def add_measured(rec, settings: dict, result: dict) -> dict:
     """--verify: each predicted loop run for real; `measured` and the prediction's `error_pct` added."""
-    from .figures import error_pct
-    from .load import reshape
+    from .measures import error_pct
+    from .new_load import reshape
     from .settings import apply
 
     config = apply(rec, settings)
@@ -100,7 +100,7 @@ def add_measured(rec, settings: dict, result: dict) -> dict:
 
 def _within(interval: dict, measured: dict) -> dict:
     """Per headline figure (and percentile): whether the measurement fell inside the predicted interval."""
-    from .figures import HEADLINE
+    from .measures import HEADLINE
 
     def inside(lo, hi, m):
         return None if None in (lo, hi, m) else lo <= m <= hi

@@ -7,8 +7,8 @@ import random
 import statistics
 
 from ..forecast import forecast_async
-from .figures import HEADLINE, error_pct, figures
-from .load import LOAD_KEYS, reshape
+from .measures import HEADLINE, error_pct, figures
+from .new_load import LOAD_KEYS, reshape
 from .model import StepModel, build
 from .recording import Recording
 from .settings import KEYS, apply, max_model_len

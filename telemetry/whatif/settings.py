@@ -2,7 +2,7 @@
 
 Keys (DESIGN.md §6): mode, max_batch_tokens (N, or `adaptive`), itl_target_ms (the adaptive budget's target),
 max_running, num_blocks (KV cache size), mixed_graphs (on/off), rate (a factor on the recorded arrival rate);
-and a new load (load.py): arrival (burst/poisson/gamma), burstiness, requests, prompt_tokens and new_tokens (N or
+and a new load (new_load.py): arrival (burst/poisson/gamma), burstiness, requests, prompt_tokens and new_tokens (N or
 MIN:MAX), seed.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 
 from batchscope.engine.config import MODES, EngineConfig
 
-from .load import ARRIVALS, LOAD_KEYS, reshape
+from .new_load import ARRIVALS, LOAD_KEYS, reshape
 from .recording import Recording, WhatIfError
 
 KEYS = ("mode", "max_batch_tokens", "itl_target_ms", "max_running", "num_blocks", "mixed_graphs", "rate") + LOAD_KEYS

@@ -8,7 +8,7 @@ ordered as engine/loop.py orders them:
 On a GPU the device runs a step from max(its previous step's end, the launch's start + lead); on a CPU the step
 computes inside its launch, so nothing overlaps in either loop. A token is known at its step's update end (what
 the recorder stamps), a request finishes at the update that gives its last token. The output is step and request
-records in the timeline's own shape, so recorded and predicted figures come from one function (figures.py).
+records in the timeline's own shape, so recorded and predicted figures come from one function (measures.py).
 """
 from __future__ import annotations
 

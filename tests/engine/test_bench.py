@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchscope.app.bench import floor, report
-from batchscope.app.bench import run as bench
+from batchscope.app.bench import floor
+from batchscope.app.bench import summary_table as report
+from batchscope.app.bench import command as bench
 from batchscope.app.bench.floor import roofline_floor
 from batchscope.app.bench.systems import METRICS
 from batchscope.engine import EngineConfig
@@ -247,7 +248,7 @@ def test_bad_workload_is_refused_plainly(tmp_path, capsys):
 
 def test_bench_imports_no_server_packages():
     # the GPU box has no gradio, fastapi, uvicorn, plotly or websockets
-    code = ("import sys, batchscope.app.bench.run, batchscope.telemetry; "
+    code = ("import sys, batchscope.app.bench.command, batchscope.telemetry; "
             "bad = [m for m in ('gradio', 'fastapi', 'uvicorn', 'plotly', 'websockets') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

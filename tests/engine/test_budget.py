@@ -231,7 +231,7 @@ def test_the_scheduler_weighs_decodes_waiting_prompts_and_what_decodes_have_left
 
 def test_serve_and_bench_refuse_a_bad_itl_target_in_one_line(capsys):
     from batchscope.app import cli
-    from batchscope.app.bench.options import build_parser, complete, engine_budget, settle_workload
+    from batchscope.app.bench.flags import build_parser, complete, engine_budget, settle_workload
 
     assert cli.main(["serve", "--model", "tiny-random", "--itl-target-ms", "0"]) == 2
     assert "itl_target_ms must be a positive number" in capsys.readouterr().err

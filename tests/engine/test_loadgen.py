@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from batchscope.app.loadtest.manager import BurstManager
-from batchscope.app.loadtest.metrics import LatencySample, LoadTally, RequestTiming, burst_metrics
-from batchscope.app.loadtest.plans import arrival_offsets, plan_burst, request_stream
+from batchscope.app.loadtest.client_timing import LatencySample, LoadTally, RequestTiming, burst_metrics
+from batchscope.app.loadtest.arrivals import arrival_offsets, plan_burst, request_stream
 from batchscope.app.loadtest.refusals import BusyError, ModeLocked, validation_reason
 from batchscope.app.loadtest.specs import BurstSpec, Limits, LoadSpec
 from batchscope.engine.request import TokenDelta

@@ -11,14 +11,14 @@ import pytest
 from pydantic import ValidationError
 
 from batchscope.app.loadtest.manager import BurstManager
-from batchscope.app.loadtest.metrics import RequestTiming
-from batchscope.app.loadtest.plans import prompt_stream
+from batchscope.app.loadtest.client_timing import RequestTiming
+from batchscope.app.loadtest.arrivals import prompt_stream
 from batchscope.app.loadtest.refusals import EngineTaken, ModeLocked, validation_reason
 from batchscope.app.loadtest.specs import BurstSpec, Limits, LoadSpec
-from batchscope.app.loadtest.sweep import Sweeps
-from batchscope.app.loadtest.sweep_export import to_csv
-from batchscope.app.loadtest.sweep_points import curve_summary, knee, meets_slo, point_figures, point_values
-from batchscope.app.loadtest.sweep_spec import SLO, SweepSpec, spaced_rates
+from batchscope.app.loadtest.sweep.sweeps import Sweeps
+from batchscope.app.loadtest.sweep.files import to_csv
+from batchscope.app.loadtest.sweep.curves import curve_summary, knee, meets_slo, point_figures, point_values
+from batchscope.app.loadtest.sweep.spec import SLO, SweepSpec, spaced_rates
 from test_loadgen import ScriptedEngine, ScriptedTelemetry
 
 LIMITS = Limits(max_prompt_tokens=64, max_new_tokens=512, max_load_concurrency=8, max_load_requests=2000,

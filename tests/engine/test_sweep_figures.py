@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from batchscope.app.loadtest.sweep_points import curve_summary
+from batchscope.app.loadtest.sweep.curves import curve_summary
 from batchscope.app.ui.sweep_figures import (CLICK_HINT, MODE_COLORS, curves_figure, distribution_figure,
                                              engine_figure, series_of, without_ids)
 from batchscope.app.ui.sweep_html import import_html, sweep_progress_html, sweep_summary_html

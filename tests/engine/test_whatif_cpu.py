@@ -18,7 +18,7 @@ import random
 from batchscope.app.cli import main
 from batchscope.engine.config import EngineConfig
 from batchscope.telemetry.whatif import open_recording
-from batchscope.telemetry.whatif.figures import error_pct, figures
+from batchscope.telemetry.whatif.measures import error_pct, figures
 from batchscope.telemetry.whatif.measure import measure, run_load
 from batchscope.telemetry.whatif.recording import LoadItem
 from batchscope.telemetry.whatif.settings import apply

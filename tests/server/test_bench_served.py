@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from batchscope.app.bench import report, steps
-from batchscope.app.bench import run as bench
-from batchscope.app.bench.options import settle_workload
-from batchscope.app.bench.served import plan_requests, requests_digest
-from batchscope.app.bench.served_figures import medians
+from batchscope.app.bench import steps
+from batchscope.app.bench import summary_table as report
+from batchscope.app.bench import command as bench
+from batchscope.app.bench.flags import settle_workload
+from batchscope.app.bench.served.workload import plan_requests, requests_digest
+from batchscope.app.bench.served.client_figures import medians
 from batchscope.telemetry import validate_timeline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +104,7 @@ def test_each_mode_reports_consistent_figures(served):
 
 
 def test_without_streaming_the_latencies_are_the_engines(served):
-    from batchscope.app.bench.served_figures import latency_from_engine
+    from batchscope.app.bench.served.client_figures import latency_from_engine
 
     run = json.loads(json.dumps(_ours(served[2])[1]))
     m = latency_from_engine(run)
@@ -248,7 +249,7 @@ def test_namespace_ranges_from_elsewhere_are_read():
 
 def test_served_bench_imports_no_server_packages():
     # the GPU box has no web server packages; the served plan and metrics need no pydantic either
-    code = ("import sys, batchscope.app.bench.served_run; "
+    code = ("import sys, batchscope.app.bench.served.procedure; "
             "bad = [m for m in ('gradio', 'fastapi', 'uvicorn', 'plotly', 'websockets', 'pydantic') "
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
@@ -287,7 +288,7 @@ class _FakeEngine:
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_drive_sends_the_plan_on_time_and_collects_every_token(stream):
-    from batchscope.app.bench.served import drive
+    from batchscope.app.bench.served.workload import drive
 
     ns = settle_workload(bench.complete(bench.build_parser().parse_args(ARGS[:12] + ["--rate", "400"])))
     plan = plan_requests(ns, 1000)

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from batchscope.app.loadtest.plans import request_stream
+from batchscope.app.loadtest.arrivals import request_stream
 from batchscope.app.loadtest.specs import Limits, LoadSpec
 from batchscope.app.server import ServerThread, create_app
 from batchscope.app.server.state import AppState

@@ -510,14 +510,14 @@ def test_ui_is_mounted_at_root_without_shadowing_the_api(recorded):
 
 
 def test_bench_dispatches_with_its_own_finer_options(monkeypatch):
-    import batchscope.app.bench.run
+    import batchscope.app.bench.command
 
     seen = {}
 
     def fake_main(args):
         seen["args"] = args
         return 0
-    monkeypatch.setattr(batchscope.app.bench.run, "main", fake_main)
+    monkeypatch.setattr(batchscope.app.bench.command, "main", fake_main)
     assert cli_main(["bench", "--model", "tiny-random", "--modes", "async", "--requests", "4", "--out", "b.json",
                      "--repeats", "3"]) == 0
     args = seen["args"]

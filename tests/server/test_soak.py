@@ -15,7 +15,7 @@ import pytest
 from helpers import serve_subprocess
 
 from batchscope.app import cli
-from batchscope.app.soak import run as soak
+from batchscope.app.soak import campaign as soak
 
 
 def free_port() -> int:

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from batchscope.app.bench import options as bench_options
+from batchscope.app.bench import flags as bench_options
 from batchscope.app.cli import build_parser
 from batchscope.app.help_format import HelpFormatter
-from batchscope.app.soak import options as soak_options
+from batchscope.app.soak import arguments as soak_options
 
 PARSER = build_parser()
 SUBCOMMANDS = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)).choices

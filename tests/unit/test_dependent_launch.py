@@ -103,7 +103,7 @@ def test_every_launched_kernel_takes_the_switch():
     from triton.runtime.jit import KernelInterface
 
     from batchscope.engine.kernels import (kv_write, paged_attention, residual_norm, rms_norm, rotary, silu_mul,
-                                          skinny_gemm)
+                                           skinny_gemm)
     kernels = {name: obj for mod in (paged_attention, rms_norm, rotary, silu_mul, kv_write, residual_norm, skinny_gemm)
                for name, obj in vars(mod).items() if isinstance(obj, KernelInterface) and name.endswith("_kernel")}
     assert sorted(kernels) == sorted(KERNELS)

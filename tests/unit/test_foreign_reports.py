@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from batchscope.app.loadtest.foreign import ReportError, read_report
-from batchscope.app.loadtest.sweep_spec import SCHEMA, SLO
+from batchscope.app.loadtest.foreign.reports import ReportError, read_report
+from batchscope.app.loadtest.sweep.spec import SCHEMA, SLO
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 

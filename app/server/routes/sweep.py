@@ -6,9 +6,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from ...loadtest.sweep_export import to_csv
-from ...loadtest.sweep_spec import SLO, SweepSpec
-from ...loadtest.sweep_status import SweepList, SweepStarted, SweepStatus
+from ...loadtest.sweep.files import to_csv
+from ...loadtest.sweep.spec import SLO, SweepSpec
+from ...loadtest.sweep.progress import SweepList, SweepStarted, SweepStatus
 from ..deps import State
 from ..replay import MAX_JSON_DEPTH, json_depth_over
 from ..uploads import read_upload

@@ -1,5 +1,5 @@
 """Other tools' load-test reports read into a sweep's point shape, so that their curves and CDFs can be drawn over
-ours: GuideLLM JSON reports (foreign_guidellm.py: the 0.3, 0.4, 0.5-0.6 and 0.7-0.8 layouts), `vllm bench serve`
+ours: GuideLLM JSON reports (guidellm.py: the 0.3, 0.4, 0.5-0.6 and 0.7-0.8 layouts), `vllm bench serve`
 results (one JSON object, JSON lines of `--append-result` runs, or `vllm bench sweep`'s summary.json list), and
 batchscope.sweep/1 files (another server's sweep).
 
@@ -17,11 +17,11 @@ import re
 
 from pydantic import ValidationError
 
-from .foreign_guidellm import read_guidellm
-from .foreign_points import ReportError, distributions, latency, per_request_figures, point
-from .refusals import validation_reason
-from .sweep_spec import SCHEMA, SLO
-from .sweep_status import SweepPoint
+from .guidellm import read_guidellm
+from .shape import ReportError, distributions, latency, per_request_figures, point
+from ..refusals import validation_reason
+from ..sweep.spec import SCHEMA, SLO
+from ..sweep.progress import SweepPoint
 
 __all__ = ["ReportError", "read_report", "parse_json", "latency", "per_request_figures"]
 

@@ -3,7 +3,7 @@ keys `arrival`, `burstiness`, `requests`, `prompt_tokens`, `new_tokens`, `seed`)
 recording's: its mean arrival rate (then scaled by `rate`), its count, its lengths (cycled when there are more
 requests). The load is seeded, so the prediction and its --verify run replay the same requests.
 
-The processes are the load tester's (app/loadtest/plans.py): burst (all at once), poisson, gamma with shape
+The processes are the load tester's (app/loadtest/arrivals.py): burst (all at once), poisson, gamma with shape
 `burstiness` (1: poisson, below: burstier, above: more regular)."""
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .specs import Mode
-from .statuses import RunState
-from .sweep_spec import SCHEMA, SLO, SweepSpec
+from ..specs import Mode
+from ..statuses import RunState
+from .spec import SCHEMA, SLO, SweepSpec
 
 PointKind = Literal["synchronous", "throughput", "constant", "poisson", "concurrent", "gamma"]
 SweepStopReason = Literal["stopped", "shutdown", "error"]

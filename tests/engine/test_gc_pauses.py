@@ -1,4 +1,4 @@
-"""Garbage-collector pauses as an idle cause (telemetry.collector, telemetry.idle): a collection that stops the
+"""Garbage-collector pauses as an idle cause (telemetry.gc_pauses, telemetry.idle): a collection that stops the
 engine thread inside a GPU idle gap is named "gc", ahead of the host phase it interrupted, and shows up in a real
 engine's timeline."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 from batchscope.engine import Engine, EngineConfig, SamplingParams, StepTrace
 from batchscope.telemetry import Telemetry, validate_timeline
-from batchscope.telemetry.collector import CollectorPauses
+from batchscope.telemetry.gc_pauses import CollectorPauses
 from batchscope.telemetry.idle import IdleAttributor
 
 

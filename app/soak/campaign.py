@@ -11,8 +11,8 @@ the server must be idle again with its KV blocks back to where they started.
 
 The requests go through the standard library (http.client and threads); the viewers need the `websockets`
 package and are left out, with a note in the report, where it is not installed. So it runs on a GPU box with
-nothing but the server's install. Here: the run and `main`; options.py has the command line, client.py the
-requests and their checks, viewers.py the side threads, report.py the verdict. Exit status: 0 when every check
+nothing but the server's install. Here: the run and `main`; arguments.py has the command line, client.py the
+requests and their checks, viewers.py the side threads, findings.py the verdict. Exit status: 0 when every check
 passed, 1 when one failed, 2 when the server could not be reached.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ import threading
 import time
 
 from .client import Client, Outcome, fail_outcome, make_plans, run_one
-from .options import build_parser
-from .report import SoakRun, format_report, report
+from .arguments import build_parser
+from .findings import SoakRun, format_report, report
 from .viewers import Flipper, Viewer
 
 __all__ = ["main", "run_soak"]

@@ -17,7 +17,7 @@ import re
 import numpy as np
 
 from . import names as N
-from .errors import ClockSkewError, TraceImportError
+from .bad_trace import ClockSkewError, TraceImportError
 from .tables import TraceTables
 
 SKEW_US = 50.0

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, field_validator
 
-from .specs import Body, Limits, Mode, RequestShape
+from ..specs import Body, Limits, Mode, RequestShape
 
 SCHEMA = "batchscope.sweep/1"               # the export's format (docs/sweep.md), also named in every status
 DEFAULT_POINT_S = 10.0                      # a point's length when the caller gives neither duration nor requests

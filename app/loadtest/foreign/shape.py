@@ -1,4 +1,4 @@
-"""The point shape other tools' reports are read into (foreign.py, foreign_guidellm.py): latency summaries of raw
+"""The point shape other tools' reports are read into (reports.py, guidellm.py): latency summaries of raw
 values, points with every figure present or None, the raw values kept for CDFs, attainment and goodput under our
 SLO, and the error a report that is not what it claims raises."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 from batchscope.telemetry import percentiles
 
-from .sweep_points import MAX_VALUES, meets_slo
-from .sweep_spec import SLO
+from ..sweep.curves import MAX_VALUES, meets_slo
+from ..sweep.spec import SLO
 
 
 class ReportError(ValueError):

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from batchscope.engine import SamplingParams
 
-from ..loadtest.metrics import RequestTiming
-from ..loadtest.plans import PlannedRequest, plan_burst
+from ...loadtest.client_timing import RequestTiming
+from ...loadtest.arrivals import PlannedRequest, plan_burst
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One served run's figures, and their medians over repeats.
 
-Client side (what a server's user would see; app/loadtest/metrics.py's definitions, the ones POST /api/ab
+Client side (what a server's user would see; app/loadtest/client_timing.py's definitions, the ones POST /api/ab
 reports): TTFT, TPOT, ITL and E2E percentiles from each request's streamed chunks, output tokens/s and requests/s
 over the plan's time zero to the last finish, the ITL tail ratio (p99 / p50), and how late the sender was against
 the plan. Engine side, from the run's timeline (steps.py): event busy % with and without the empty-queue idle,
@@ -15,10 +15,10 @@ import statistics
 from batchscope.telemetry import percentiles
 from batchscope.telemetry.summary import request_metrics
 
-from ..loadtest.metrics import LATENCIES, burst_metrics
-from .report import _digest
-from .served import requests_digest
-from .steps import budget_figures, busy_figures, kind_figures, step_kind
+from ...loadtest.client_timing import LATENCIES, burst_metrics
+from ..summary_table import _digest
+from .workload import requests_digest
+from ..steps import budget_figures, busy_figures, kind_figures, step_kind
 
 
 def client_figures(sent: list, start_ns: int, end_ns: int) -> dict:

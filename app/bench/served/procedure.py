@@ -5,7 +5,7 @@
         --out served.json
 
   1. times the copy bandwidth (telemetry's floor uses it), loads one Engine with `--max-running` slots, attaches
-     telemetry, and plans the requests from the seed (served.py): arrival offsets, prompts, output lengths;
+     telemetry, and plans the requests from the seed (workload.py): arrival offsets, prompts, output lengths;
   2. with `--baseline transformers`, loads the same weights for transformers' continuous batching;
   3. warms every system up on the plan's first `--max-running` prompts at once (`--warmup-tokens` each, untimed);
   4. runs every system once per repeat, the order reversed on every other repeat: batchscope's modes get the
@@ -21,13 +21,13 @@ import math
 from batchscope.engine import EngineConfig
 from batchscope.engine.config import MODES
 
-from .floor import measure_bandwidth
-from .options import engine_budget
-from .output import TP_BASELINE_SKIPPED, baseline_labels, plan_order, report_head, say, timeline_path, write_json
-from .served import plan_requests, plan_summary, run_mode
-from .served_figures import (client_figures, finish_run, latency_from_engine, medians, nvml_mean,
+from ..floor import measure_bandwidth
+from ..flags import engine_budget
+from ..output import TP_BASELINE_SKIPPED, baseline_labels, plan_order, report_head, say, timeline_path, write_json
+from .workload import plan_requests, plan_summary, run_mode
+from .client_figures import (client_figures, finish_run, latency_from_engine, medians, nvml_mean,
                              timeline_figures)
-from .systems import BatchscopeRunner, TransformersRunner, _progress, nvml_window
+from ..systems import BatchscopeRunner, TransformersRunner, _progress, nvml_window
 
 SERVED_SCHEMA = "batchscope.bench.served/1"
 ALL_AT_ONCE = ("transformers' continuous batching takes the whole list of requests at once (its batch API has no "
@@ -69,7 +69,7 @@ def run_served(args) -> dict:
         for i, (rep, label) in enumerate(order):
             say(f"run {i + 1}/{len(order)}: {label}" + (f" (repeat {rep + 1})" if args.repeats > 1 else ""))
             gc.collect()
-            gc.freeze()     # earlier runs' records stay out of the collector's walk (run.py says why)
+            gc.freeze()     # earlier runs' records stay out of the collector's walk (command.py says why)
             runs.append(_timed(args, bs, tf, rep, label, plan))
         return _assemble(args, bandwidth, info, config, plan, runs, skipped, order, tf)
     finally:
@@ -171,7 +171,7 @@ def _assemble(args, bandwidth, info, config, plan, runs, skipped, order, tf) -> 
 
 NOTES = {
     "latency_ms": "client side (latency_basis), from each request's streamed chunks on the bench's reader thread "
-                  "(app/loadtest/metrics.py): TTFT = first chunk - submit, TPOT = (last chunk - first) / (tokens - "
+                  "(app/loadtest/client_timing.py): TTFT = first chunk - submit, TPOT = (last chunk - first) / (tokens - "
                   "1), ITL = every gap between tokens (a chunk of k after a gap g counts k gaps of g/k), E2E = "
                   "finish - submit. With --no-stream the engine's own times (engine_latency_ms), same definitions",
     "wall_s": "plan time zero (the sender's start) to the last request's finish; output_tokens_per_s and "

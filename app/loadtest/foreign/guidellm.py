@@ -1,4 +1,4 @@
-"""GuideLLM JSON reports read into a sweep's point shape (foreign.py says what for; foreign_points.py the shape).
+"""GuideLLM JSON reports read into a sweep's point shape (reports.py says what for; shape.py the shape).
 
 Four layouts, told apart by their top-level keys:
     0.2-0.3  {"benchmarks"}                                   strategy at benchmarks[].args.strategy
@@ -15,8 +15,8 @@ output_tokens_per_second.total.mean, what GuideLLM's console shows.
 """
 from __future__ import annotations
 
-from .foreign_points import ReportError, distributions, empty_latency, latency, per_request_figures, point
-from .sweep_spec import SLO
+from .shape import ReportError, distributions, empty_latency, latency, per_request_figures, point
+from ..sweep.spec import SLO
 
 KINDS = {"synchronous": "synchronous", "throughput": "throughput", "concurrent": "concurrent",
          "constant": "constant", "poisson": "poisson", "async": "constant"}

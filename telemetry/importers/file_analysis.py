@@ -15,11 +15,11 @@ import numpy as np
 from . import host_activity
 from .busy import DeviceBusy
 from .engines import recognise
-from .errors import NoDeviceActivityError
+from .bad_trace import NoDeviceActivityError
 from .gaps import Gap, GapFinder, resolve
 from .inference import infer_steps
 from .markers import DESCRIPTION, capture_annotations, find_markers, step_marker_names
-from .plans import StepPlan, from_markers, transformers_phases
+from .step_plans import StepPlan, from_markers, transformers_phases
 from .spans import StepSpans, assign_ops, step_spans
 from .tables import TraceTables
 

@@ -1,5 +1,5 @@
 """`batchscope bench`'s options: argparse only, so that `batchscope --help` lists them without loading torch.
-app/cli.py adds them to its `bench` command; run.py parses them when run on its own (`python -m
+app/cli.py adds them to its `bench` command; command.py parses them when run on its own (`python -m
 batchscope.app.bench`) and fills in what another parser left out (`complete`).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 --verify, measured with the prediction's error."""
 from __future__ import annotations
 
-from .figures import LATENCIES
+from .measures import LATENCIES
 
 ROWS = [("output tokens/s", "output_tokens_per_s", None)] + [
     (f"{name[:-3].upper()} {q} ms", name, q) for name in LATENCIES for q in ("p50", "p90", "p99")] + [

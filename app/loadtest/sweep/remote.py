@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .sweep_spec import DEFAULT_ITL_MS, DEFAULT_RATE_POINTS, DEFAULT_TARGET, DEFAULT_TTFT_MS
+from .spec import DEFAULT_ITL_MS, DEFAULT_RATE_POINTS, DEFAULT_TARGET, DEFAULT_TTFT_MS
 
 POLL_S = 0.5
 
@@ -117,8 +117,8 @@ class Server:
 
 def read_compared(paths: list[str], body: dict) -> list[dict]:
     """Each --compare report read now, before the sweep starts: a bad one fails fast."""
-    from .foreign import ReportError, read_report
-    from .sweep_spec import SLO
+    from ..foreign.reports import ReportError, read_report
+    from .spec import SLO
 
     reports = []
     for path in paths:
@@ -210,7 +210,7 @@ def main(args) -> int:
 
 
 def write(doc: dict, args) -> None:
-    from .sweep_export import to_csv
+    from .files import to_csv
 
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.csv:

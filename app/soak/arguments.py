@@ -1,4 +1,4 @@
-"""`batchscope soak`'s options: app/cli.py adds them to its `soak` command, run.py parses them when run on its own
+"""`batchscope soak`'s options: app/cli.py adds them to its `soak` command, campaign.py parses them when run on its own
 (`python -m batchscope.app.soak`)."""
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import time
 
 from batchscope import __version__
 
-from .sweep_spec import SCHEMA
+from .spec import SCHEMA
 
 LATENCY_COLUMNS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 STAT_COLUMNS = ("p50", "p90", "p99")

@@ -1,5 +1,5 @@
 """Sweeps: in each mode, a synchronous run, a throughput run, then rising offered rates, each point timed on the
-client side like a burst (sweep_spec.py says what a sweep asks for, sweep_points.py how a point is judged).
+client side like a burst (spec.py says what a sweep asks for, curves.py how a point is judged).
 
 A sweep has the engine to itself while it runs (BurstManager.hold_engine): it switches the mode itself, the mode
 toggle is locked as an A/B locks it, and no burst, A/B or load starts beside it. Every point sends the same
@@ -16,14 +16,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from .metrics import RequestTiming
-from .plans import prompt_stream
-from .runs import InFlight
-from .sender import sleep_until
-from .sweep_export import document
-from .sweep_points import curve_summary, point_figures, point_values
-from .sweep_spec import SweepSpec, spaced_rates
-from .sweep_status import ModeCurve, SweepCurrent, SweepList, SweepStarted, SweepStatus
+from ..client_timing import RequestTiming
+from ..arrivals import prompt_stream
+from ..runs import InFlight
+from ..sender import sleep_until
+from .files import document
+from .curves import curve_summary, point_figures, point_values
+from .spec import SweepSpec, spaced_rates
+from .progress import ModeCurve, SweepCurrent, SweepList, SweepStarted, SweepStatus
 
 MAX_KEPT_SWEEPS = 20
 MAX_KEPT_IMPORTS = 8

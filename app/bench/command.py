@@ -14,10 +14,10 @@ What it does, in order (docs/BENCHMARKS.md has the method in full):
      (`--prompt-tokens` random ids each, `--new-tokens` greedy tokens with EOS ignored, so lengths are fixed);
   5. writes the JSON (`--out`) and one batchscope.timeline/1 file per run next to it, and prints a table of medians.
 
-`--workload served` (arrivals over time, lengths drawn from ranges) goes to served_run.py instead.
+`--workload served` (arrivals over time, lengths drawn from ranges) goes to served/procedure.py instead.
 
-Here: the order of work and the result. The options are in options.py, the systems it times in systems.py, the
-floor in floor.py, the printed table and the token check in report.py. Like them it imports only engine,
+Here: the order of work and the result. The options are in flags.py, the systems it times in systems.py, the
+floor in floor.py, the printed table and the token check in summary_table.py. Like them it imports only engine,
 telemetry, torch, transformers and tqdm, so it runs where the server's packages (gradio, fastapi, ...) are not
 installed.
 """
@@ -33,9 +33,9 @@ from batchscope.engine import EngineConfig
 from batchscope.engine.config import MODES
 
 from .floor import measure_bandwidth, workload_floors
-from .options import build_parser, complete, engine_budget, settle_workload
+from .flags import build_parser, complete, engine_budget, settle_workload
 from .output import TP_BASELINE_SKIPPED, baseline_labels, plan_order, report_head, say, timeline_path, write_json
-from .report import _digest, _median, disagreeing_runs, format_served_table, format_table
+from .summary_table import _digest, _median, disagreeing_runs, format_served_table, format_table
 from .systems import METRICS, BatchscopeRunner, TransformersRunner, nvml_window
 
 BENCH_SCHEMA = "batchscope.bench/1"
@@ -57,8 +57,8 @@ def make_prompts(requests: int, prompt_tokens: int, vocab: int, seed: int) -> li
 
 def run_benchmark(args) -> dict:
     args = settle_workload(complete(args))
-    if args.workload == "served":       # arrivals over time, mixed lengths: served_run.py
-        from .served_run import run_served
+    if args.workload == "served":       # arrivals over time, mixed lengths: served/procedure.py
+        from .served.procedure import run_served
         return run_served(args)
     from batchscope.engine.model.loading import resolve_device
 

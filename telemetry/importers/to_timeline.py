@@ -13,11 +13,11 @@ import numpy as np
 from ..export import build_timeline, created_now
 from ..records import mode_record
 from ..summary import summarize
-from .analysis import FileAnalysis
+from .file_analysis import FileAnalysis
 from .coverage import under_recorded
 from .engines import device_name, vendor
 from .headline import device_shares, lane_idle, lead_with_device, put_shares, rank_table, unknown_is_none
-from .ranks import clock_shifts
+from .rank_files import clock_shifts
 from .steprecords import rank_step_record, step_record
 from .kernel_spans import kernel_spans
 

@@ -20,8 +20,8 @@ import random
 
 from batchscope.telemetry import percentiles
 
-from .metrics import LATENCIES, RequestTiming
-from .sweep_spec import SLO
+from ..client_timing import LATENCIES, RequestTiming
+from .spec import SLO
 
 STATS = ("p50", "p90", "p99")
 MAX_VALUES = 5000           # raw values kept per latency per point (a seeded uniform sample beyond that)

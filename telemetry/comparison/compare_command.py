@@ -11,9 +11,9 @@ import math
 import os
 import sys
 
-from .analysis import compare
+from .matched import compare
 from .inputs import CompareInputError, open_recordings
-from .report import markdown, text_lines
+from .text import markdown, text_lines
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
 
