@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from batchscope.app.loadtest.foreign import latency, read_report
+from batchscope.app.loadtest.foreign.reports import latency, read_report
 
 STATS = ("p50", "p90", "p99")
 

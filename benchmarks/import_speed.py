@@ -168,9 +168,9 @@ def generate(path: Path, target_bytes: int, use_gzip: bool) -> dict:
 _CHILD = """
 import json, resource, sys, time
 from batchscope.telemetry.importers import import_trace
-from batchscope.telemetry.importers.analysis import analyse
+from batchscope.telemetry.importers.file_analysis import analyse
 from batchscope.telemetry.importers.reading import read_trace
-from batchscope.telemetry.importers.timeline import build
+from batchscope.telemetry.importers.to_timeline import build
 from batchscope.telemetry import validate_timeline
 path, workers = sys.argv[1], int(sys.argv[2]) or None
 t0, c0 = time.perf_counter(), time.process_time()
