@@ -24,13 +24,13 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 if has overlap; then   # the quick engine checks: overlap from step traces, no hidden synchronisation
-  python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py -k "fills or hidden" 2>&1 | tee "$OUT/overlap.log"
+  python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_gpu.py -k "fills or hidden" 2>&1 | tee "$OUT/overlap.log"
 fi
 if has tests; then
-  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_gpu.py tests/test_attention_triton.py \
-    tests/test_fused.py tests/test_projections.py tests/test_residual_norm.py tests/test_skinny_gemm.py \
-    tests/test_dependent_launch.py \
-    tests/test_model_matrix.py -rs 2>&1 | tee "$OUT/gpu_tests.log"
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_gpu.py tests/unit/test_attention_triton.py \
+    tests/unit/test_fused.py tests/engine/test_projections.py tests/unit/test_residual_norm.py tests/unit/test_skinny_gemm.py \
+    tests/unit/test_dependent_launch.py \
+    tests/engine/test_model_matrix.py -rs 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 if has kernels; then
   python3 benchmarks/attention_kernels.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
@@ -90,7 +90,7 @@ if has determinism; then   # the same greedy prompts, run after run and mode aft
   echo "bench exit code: $?" | tee -a "$OUT/determinism.log"
 fi
 if has tp-tests; then   # tensor parallel on two GPUs: NCCL, all-reduces inside the decode graphs, exact tokens
-  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_tensor_parallel.py -rs 2>&1 | tee "$OUT/tp_tests.log"
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/server/test_tensor_parallel.py -rs 2>&1 | tee "$OUT/tp_tests.log"
 fi
 if has tp-bench; then   # Llama-3-70B shapes over two GPUs, sync against async; Llama-3-8B at TP=2 and TP=1
   for spec in "llama3-70b-random 2" "llama3-8b-random 2" "llama3-8b-random 1"; do

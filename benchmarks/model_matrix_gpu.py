@@ -1,4 +1,4 @@
-"""The model-support matrix on a GPU: every family of tests/test_model_matrix.py as a tiny random checkpoint,
+"""The model-support matrix on a GPU: every family of tests/engine/test_model_matrix.py as a tiny random checkpoint,
 loaded with device="cuda", dtype float32 and the engine's defaults (Triton attention, fused kernels, CUDA graphs),
 greedy tokens compared with transformers' generate in sync, async and with live switches; refused families must be
 refused with their reason; two checks that an uncapturable decode falls back to eager without a crash.

@@ -2,7 +2,7 @@
 
 A private name can change in any release without notice. Each entry says where batchscope reads it, the versions it
 was last checked at, what batchscope does when it is missing (always a fallback that is said, never a crash), and a
-probe that tells whether the installed versions still have it; tests/test_compat.py runs every probe. Add an entry
+probe that tells whether the installed versions still have it; tests/unit/test_compat.py runs every probe. Add an entry
 whenever code reads a name that starts with an underscore from a package that is not ours.
 """
 from __future__ import annotations

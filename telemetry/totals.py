@@ -4,7 +4,7 @@ The ring of step and request records forgets old records; a counter must not. So
 record and every request event to `Totals` as it makes them, on the engine's observer path, and `Totals` adds them
 up: counters (seconds, tokens, steps, requests by finish reason) and histograms with fixed buckets (vLLM's
 bucket boundaries for vLLM's names). The cost is a few additions and one `bisect` per histogram per step, plus
-one per delivered token (the inter-token latency): measured in tests/test_metrics.py and reported in
+one per delivered token (the inter-token latency): measured in tests/server/test_metrics.py and reported in
 docs/metrics.md. Nothing here grows with the run: the histograms are lists of fixed length, label values come
 from fixed sets (modes, host phases, idle causes, finish reasons, tensor-parallel ranks).
 

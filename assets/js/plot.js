@@ -16,7 +16,7 @@ export const COLOR = {
 // "gc", the garbage collector stopping every Python thread; "preempted", the engine thread kept from running
 // (the GIL, busy cores). The causes only an imported trace tells apart
 // (docs/import.md) get colours of their own, each far enough from every other cause's to tell apart on the lane
-// (tests/test_import_page.py measures it): the host's in reds and oranges, the device's in blues, greens and a
+// (tests/browser/test_import_page.py measures it): the host's in reds and oranges, the device's in blues, greens and a
 // yellow, "unattributed" a dark slate.
 const CAUSE_COLOR = {
   empty_queue: "#94a3b8", none: "#94a3b8", host_other: "#ef4444", h2d: "#f59e0b", d2h: "#a855f7", gc: "#854d0e",

@@ -10,7 +10,7 @@ supported. The decision has two parts:
   (one per layer, causal, no mask of the model's own, no keyword argument we do not honour, K/V shapes the cache
   is laid out for), and the causal-LM head is read for what it does to the logits (see source.logits_epilogue).
   What the probe sees of K/V is the model's KV layout (`check_support` returns it), which sizes the cache.
-Families checked token-exact by tests/test_model_matrix.py are listed in VERIFIED_FAMILIES; another model that
+Families checked token-exact by tests/engine/test_model_matrix.py are listed in VERIFIED_FAMILIES; another model that
 passes every check loads too, and engine.info says it is not in the verified list.
 """
 from __future__ import annotations
