@@ -2,7 +2,7 @@
 
 A fixed budget (`EngineConfig(max_batch_tokens=N)`) is the same for every step. The adaptive one (the default,
 max_batch_tokens None) is chosen per step from what the engine measured of its own steps:
-  - nothing decoding: the budget opens to `max_tokens` (8192 on CUDA): long compute-bound chunks prefill fastest,
+  - nothing decoding: the budget opens to `max_batch_tokens` (8192 on CUDA): long compute-bound chunks prefill fastest,
     and there is no decode whose inter-token latency a long step would stretch;
   - requests decoding: the prefill chunk is the largest whose step the model predicts within a target, the
     user's ITL target (`itl_target_ms`) or DECODE_FACTOR x the current decode step, so a step that carries a
@@ -148,10 +148,10 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
 class StepBudget:
     """The budget policy the scheduler asks once per step. Fixed when `fixed_tokens` is given, else adaptive."""
 
-    def __init__(self, fixed_tokens: int | None, max_tokens: int, itl_target_ms: float | None = None):
+    def __init__(self, fixed_tokens: int | None, max_batch_tokens: int, itl_target_ms: float | None = None):
         self.fixed_tokens = fixed_tokens
-        self.max_tokens = fixed_tokens or max_tokens          # the most any step may carry (buffers are this big)
-        self.decode_max_tokens = self.max_tokens              # the most a step with decodes may carry (graphs)
+        self.max_batch_tokens = fixed_tokens or max_batch_tokens  # the most any step may carry (buffers are this big)
+        self.decode_max_tokens = self.max_batch_tokens        # the most a step with decodes may carry (graphs)
         self.graph_tokens: list[int] = []                     # the mixed-step graphs' token buckets
         self.itl_target_ms = itl_target_ms
         self.model = StepTimeModel()
@@ -159,6 +159,11 @@ class StepBudget:
         self.snapshot: dict = {}            # Engine.info["budget"]: same keys always, values replaced whole
         self._since_publish = 0
         self.publish()
+
+    @property
+    def max_tokens(self) -> int:
+        # until scheduler.py reads max_batch_tokens
+        return self.max_batch_tokens
 
     @property
     def adaptive(self) -> bool:
@@ -170,9 +175,9 @@ class StepBudget:
         also ends on one: a step of 257 tokens replays the 320-token graph and costs what 320 tokens do. Given one
         number, it is only the cap."""
         if isinstance(graph_tokens, int):
-            self.decode_max_tokens = max(1, min(self.max_tokens, graph_tokens))
+            self.decode_max_tokens = max(1, min(self.max_batch_tokens, graph_tokens))
         else:
-            self.graph_tokens = sorted(t for t in graph_tokens if t <= self.max_tokens)
+            self.graph_tokens = sorted(t for t in graph_tokens if t <= self.max_batch_tokens)
             if self.graph_tokens:
                 self.decode_max_tokens = self.graph_tokens[-1]
         self.publish()
@@ -184,7 +189,7 @@ class StepBudget:
         if not self.adaptive:
             budget = Budget(self.fixed_tokens, "fixed")
         elif decoding == 0:
-            budget = Budget(self.max_tokens, "no_decode")
+            budget = Budget(self.max_batch_tokens, "no_decode")
         else:
             budget = self._decode_target(decoding, prefill_waiting, decode_left)
         self.last = budget
@@ -198,10 +203,10 @@ class StepBudget:
             return Budget(min(cap, max(COLD_TOKENS, decoding + MIN_CHUNK)), "decode_target")
         per_token = fit[1]
         target = self.itl_target_ms or DECODE_FACTOR * decode_ms
-        largest = decode_ms + per_token * max(0, self.max_tokens - decoding)
+        largest = decode_ms + per_token * max(0, self.max_batch_tokens - decoding)
         if self.itl_target_ms is None and prefill_waiting * per_token > decode_left * decode_ms and largest > target:
             # prefill first, eagerly past the graphs: such a step is compute-bound, its launch hides behind it
-            return Budget(max(self.max_tokens, decoding), "decode_target", largest)
+            return Budget(max(self.max_batch_tokens, decoding), "decode_target", largest)
         chunk = int((target - decode_ms) / per_token + 1e-9)
         tokens = max(decoding + MIN_CHUNK, min(cap, decoding + chunk))
         snapped = [t for t in self.graph_tokens if decoding + MIN_CHUNK <= t <= tokens]
@@ -220,7 +225,7 @@ class StepBudget:
         reader on another thread (the server's /api/status, the timeline's meta) never sees a dict change size."""
         self._since_publish = 0
         values = {"mode": "adaptive" if self.adaptive else "fixed", "fixed_tokens": self.fixed_tokens,
-                  "max_tokens": self.max_tokens, "decode_max_tokens": self.decode_max_tokens,
+                  "max_tokens": self.max_batch_tokens, "decode_max_tokens": self.decode_max_tokens,
                   "itl_target_ms": self.itl_target_ms, "decode_factor": None if self.itl_target_ms else DECODE_FACTOR,
                   "step_time_model": self.model.describe(),
                   "last": self.last.as_dict() if self.last is not None else None}
