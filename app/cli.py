@@ -12,10 +12,8 @@ import threading
 import time
 
 from batchscope import __version__
-from batchscope.engine.config import DTYPES, MODES, EngineConfig
-
 from .bench import flags as bench_options
-from .bench.flags import positive_int
+from .engine_flags import add_engine_flags, engine_config_from, positive_int
 from .help_format import apply_everywhere
 from .loadtest.sweep import remote as sweep_client
 from .soak import arguments as soak_options
@@ -40,27 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="load a model and serve the UI, the JSON and OpenAI routes and the telemetry")
-    s.add_argument("--model", default="smollm2-135m",
-                   help="preset (smollm2-135m, tiny-random, llama3-8b-random), HF folder or hub id")
-    s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    s.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="the weights' and KV cache's type; auto: bfloat16 on a GPU, float32 on a CPU")
-    s.add_argument("--mode", default="async", choices=MODES, help="the loop to start in (switchable live)")
-    s.add_argument("--num-blocks", type=int, default=None,
-                   help="KV cache blocks (default: from free GPU memory; 512 on a CPU)")
-    s.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
-    s.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens,
-                   help="a fixed per-step token budget: decodes plus prefill chunks (default: adaptive, chosen "
-                        "each step from measured step times; docs/budget.md)")
-    s.add_argument("--itl-target-ms", type=float, default=None, metavar="MS",
-                   help="adaptive budget: a step that carries prefill while requests decode stays within MS "
-                        "(default: 2x the current decode step)")
-    s.add_argument("--no-mixed-graphs", action="store_true",
-                   help="run the steps that carry prefill eagerly (decode steps keep their CUDA graphs)")
-    s.add_argument("--max-running", type=int, default=64, help="requests in the batch at most")
-    s.add_argument("--seed", type=int, default=0, help="random-weight presets' weights and sampling's seed")
-    s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="split the model over N GPUs (one process each, started here), or N CPU processes")
+    add_engine_flags(s)
     s.add_argument("--cpu-threads", type=positive_int, default=None, metavar="N",
                    help="a CPU engine's math threads (default: every core but one when serving this machine's "
                         "own browser, which draws the page from the same cores; else torch's default)")
@@ -84,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare_parser(sub)
     add_whatif_parser(sub)
 
-    # the tools' options are defined once, in their own flags.py and arguments.py (argparse only)
+    # the tools' options are defined once, in their own flags.py and arguments.py (argparse only); the engine's
+    # flags, shared by serve and bench, in engine_flags.py
     b = sub.add_parser("bench", help="time sync vs async (and a transformers baseline) on one workload")
     bench_options.add_arguments(b)
     b.set_defaults(func=cmd_bench)
@@ -144,12 +123,7 @@ def cmd_serve(args) -> int:
     try:
         check_bind(args.host, args.token)
         _check_profile_steps(args.profile_steps)
-        config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.mode,
-                              block_size=args.block_size, num_blocks=args.num_blocks,
-                              max_batch_tokens=args.max_batch_tokens, max_running=args.max_running,
-                              seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
-                              itl_target_ms=args.itl_target_ms,
-                              mixed_graphs=not args.no_mixed_graphs).validate()
+        config = engine_config_from(args)
         config.cpu_threads, config.nice = share_with_page(config.device, args.host, args.cpu_threads, args.nice)
         preflight(config.model)       # a broken or refused checkpoint folder: one line, before "loading ..."
     except ValueError as e:

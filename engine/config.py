@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 MODES = ("sync", "async")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# The model presets' names (model/presets.py builds them): here, torch-free, so that `--help` can list them all
+PRESETS = ("smollm2-135m", "tiny-random", "llama3-8b-random", "qwen3-30b-a3b-random", "llama3-70b-random",
+           "llama3-405b-random")
 MAX_TOP_LOGPROBS = 20               # OpenAI's top_logprobs limit: every logprobs step computes this many alternatives
 
 

@@ -32,8 +32,9 @@ from pathlib import Path
 from batchscope.engine import EngineConfig
 from batchscope.engine.config import MODES
 
+from ..engine_flags import engine_budget, engine_config_from
 from .floor import measure_bandwidth, workload_floors
-from .flags import build_parser, complete, engine_budget, settle_workload
+from .flags import build_parser, complete, settle_workload
 from .output import TP_BASELINE_SKIPPED, baseline_labels, plan_order, report_head, say, timeline_path, write_json
 from .summary_table import _digest, _median, disagreeing_runs, format_served_table, format_table
 from .systems import METRICS, BatchscopeRunner, TransformersRunner, nvml_window
@@ -117,11 +118,8 @@ def _engine_config(args, per_request: int) -> EngineConfig:
     default = default_max_batch_tokens(args.requests, args.prompt_tokens)
     max_batch_tokens = engine_budget(args.max_batch_tokens, default)       # None: the adaptive budget
     num_blocks = args.num_blocks or args.requests * (math.ceil(per_request / block_size) + 1)
-    return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.modes[0],
-                        block_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
-                        max_running=args.requests, seed=args.seed, itl_target_ms=args.itl_target_ms,
-                        tensor_parallel_size=args.tensor_parallel_size,
-                        mixed_graphs=not args.no_mixed_graphs).validate()
+    return engine_config_from(args, mode=args.modes[0], block_size=block_size, num_blocks=num_blocks,
+                              max_batch_tokens=max_batch_tokens, max_running=args.requests)
 
 
 def _warm_up(args, bs: BatchscopeRunner, tf: TransformersRunner | None, labels: list[str], prompts) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 
-from batchscope.engine.config import DTYPES, MODES
+from batchscope.engine.config import MODES
 
+from ..engine_flags import ADAPTIVE, add_engine_flags, non_negative_int, positive_float, positive_int
+from ..engine_flags import engine_budget  # noqa: F401  (re-exported: the bench's callers read it here)
 from ..help_format import HelpFormatter
 
 DESCRIPTION = ("`batchscope bench`: batchscope's sync and async loops (and transformers' own continuous batching) "
@@ -16,16 +18,21 @@ DESCRIPTION = ("`batchscope bench`: batchscope's sync and async loops (and trans
 WORKLOADS = ("uniform", "served")
 ARRIVALS = ("poisson", "gamma")
 SERVED_ONLY = ("rate", "arrival", "burstiness", "max_running")      # options that only a served workload takes
+# the engine's flags (app/engine_flags.py) where the bench gives them a meaning of its own
+ENGINE_HELPS = {
+    "tensor_parallel_size": "split the model over N GPUs (the transformers baseline is then skipped)",
+    "seed": "seeds the prompts and the random presets' weights",
+    "num_blocks": "batchscope KV blocks (default: exactly enough for the workload, plus one per request)",
+    "max_running": "served: requests the engine runs at once (default: 64, as `batchscope serve`); the uniform "
+                   "workload runs every request at once",
+    "max_batch_tokens": "per-step token budget, for both systems: N (fixed) or 'adaptive' (batchscope chooses per "
+                        "step from measured step times; docs/budget.md) (default: uniform, enough to prefill all "
+                        "prompts at once, between 2048 and 8192; served, adaptive as `batchscope serve`)",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m",
-                   help="preset (smollm2-135m, tiny-random, llama3-8b-random), HF folder or hub id")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="the weights' and KV cache's type; auto: bfloat16 on a GPU, float32 on a CPU")
-    p.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
-                   help="split the model over N GPUs (the transformers baseline is then skipped)")
+    add_engine_flags(p, skip=("mode", "block_size"), defaults={"max_running": None}, helps=ENGINE_HELPS)
     p.add_argument("--workload", default="uniform", choices=WORKLOADS,
                    help="uniform: every request at once, equal lengths; served: arrivals over time (--rate, "
                         "--arrival), lengths drawn from MIN:MAX ranges")
@@ -41,9 +48,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-stream", action="store_true",
                    help="served: submit without streaming (no reader thread); latencies from the engine's own "
                         "token times in the timeline")
-    p.add_argument("--max-running", type=positive_int, default=None,
-                   help="served: requests the engine runs at once (default: 64, as `batchscope serve`); the "
-                        "uniform workload runs every request at once")
     p.add_argument("--modes", type=_modes, default=list(MODES),
                    help=f"comma-separated, e.g. sync,async (default: {','.join(MODES)})")
     p.add_argument("--baseline", default="none", choices=["none", "transformers"],
@@ -53,19 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "request (about N steps) under torch.profiler, imported into the run's timeline; 0: none")
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="timed rounds; the order reverses every other round; the table shows medians")
-    p.add_argument("--seed", type=int, default=0, help="seeds the prompts and the random presets' weights")
     p.add_argument("--warmup-tokens", type=positive_int, default=8, help="new tokens of the untimed warm-up")
-    p.add_argument("--max-batch-tokens", type=budget_tokens, default=None,
-                   help="per-step token budget, for both systems: N (fixed) or 'adaptive' (batchscope chooses per "
-                        "step from measured step times; docs/budget.md) (default: uniform, enough to prefill all "
-                        "prompts at once, between 2048 and 8192; served, adaptive as `batchscope serve`)")
-    p.add_argument("--itl-target-ms", type=positive_float, default=None, metavar="MS",
-                   help="adaptive budget: a step that carries prefill while requests decode stays within MS "
-                        "(default: 2x the current decode step)")
-    p.add_argument("--no-mixed-graphs", action="store_true",
-                   help="batchscope runs the steps that carry prefill eagerly (decode keeps its CUDA graphs)")
-    p.add_argument("--num-blocks", type=positive_int, default=None,
-                   help="batchscope KV blocks (default: exactly enough for the workload, plus one per request)")
     p.add_argument("--bandwidth-mib", type=positive_int, default=None,
                    help="size of the copy that measures bandwidth (default: 1024 on CUDA, 128 on CPU)")
     p.add_argument("--no-telemetry", action="store_true",
@@ -79,52 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)
     add_arguments(p)
     return p
-
-
-def _int_at_least(text: str, least: int) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < least:
-        raise argparse.ArgumentTypeError(f"must be >= {least}, got {v}")
-    return v
-
-
-def positive_int(text: str) -> int:
-    return _int_at_least(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0)
-
-
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
-
-
-ADAPTIVE = "adaptive"
-
-
-def budget_tokens(text: str) -> int | str:
-    """--max-batch-tokens: a positive integer (a fixed budget) or 'adaptive'."""
-    if str(text).strip().lower() == ADAPTIVE:
-        return ADAPTIVE
-    return positive_int(text)
-
-
-def engine_budget(value, default: int | None) -> int | None:
-    """--max-batch-tokens as EngineConfig takes it: N is fixed, 'adaptive' is None (the adaptive budget), unset is
-    `default`."""
-    if value is None:
-        return default
-    return None if value == ADAPTIVE else int(value)
 
 
 def lengths(text: str) -> int | tuple[int, int]:

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError, EngineConfig
+from ..config import PRESETS, ConfigError, EngineConfig
 from ..parallel.sharding import sharded_config
 from .attention import ATTN_NAME
 from .checkpoint import TOKENIZER_FILES, check_checkpoint_folder, first_line, read_config
 from .kv_layout import KVLayout
-from .presets import (PRESETS, check_fits, random_model, random_preset_config, smollm2_checkpoint,
-                      smollm2_tokenizer)
+from .presets import check_fits, random_model, random_preset_config, smollm2_checkpoint, smollm2_tokenizer
 from .support import check_support, static_support, unsupported
 
 @dataclass

@@ -15,8 +15,6 @@ import torch
 from ..config import ConfigError
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PRESETS = ("smollm2-135m", "tiny-random", "llama3-8b-random", "qwen3-30b-a3b-random", "llama3-70b-random",
-           "llama3-405b-random")
 # Random presets that a tensor-parallel rank builds at its share's shapes directly (see load_model): the whole
 # model may not fit one device. The others are built whole and cut, like a checkpoint.
 SHARDED_PRESETS = ("llama3-8b-random", "qwen3-30b-a3b-random", "llama3-70b-random", "llama3-405b-random")

@@ -93,3 +93,44 @@ def test_import_and_replay_say_folders_and_traces(capsys):
 def test_sweep_says_which_servers_it_can_drive(capsys):
     text = " ".join(help_of(PARSER, capsys, ["sweep"]).split())
     assert "batchscope serve" in text and "vLLM" in text
+
+
+def test_serve_and_bench_list_every_model_preset(capsys):
+    from batchscope.engine.config import PRESETS
+
+    for argv in (["serve"], ["bench"]):
+        text = " ".join(help_of(PARSER, capsys, argv).split())
+        assert all(name in text for name in PRESETS), (argv, text)
+
+
+def test_the_engine_flags_are_one_declaration_that_builds_the_config():
+    # serve and bench take the same engine flags, of one type each; one function turns them into the EngineConfig
+    from batchscope.app.engine_flags import ENGINE_FLAGS, engine_config_from
+
+    serve, bench = (SUBCOMMANDS[name] for name in ("serve", "bench"))
+    for flag in ENGINE_FLAGS:
+        for sub in (serve, bench):
+            action = next((a for a in sub._actions if a.dest == flag.dest), None)
+            if action is not None:
+                assert tuple(action.option_strings) == flag.names
+                assert action.type is flag.options.get("type", action.type)
+    args = PARSER.parse_args(["serve", "--model", "tiny-random", "--max-running", "8", "--max-batch-tokens", "96",
+                              "--no-mixed-graphs", "-tp", "2"])
+    config = engine_config_from(args)
+    assert (config.model, config.max_running, config.max_batch_tokens, config.mixed_graphs,
+            config.tensor_parallel_size) == ("tiny-random", 8, 96, False, 2)
+    adaptive = engine_config_from(PARSER.parse_args(["bench", "--max-batch-tokens", "adaptive"]), mode="sync")
+    assert adaptive.max_batch_tokens is None and adaptive.mode == "sync"
+
+
+def test_batchscope_help_loads_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io; from batchscope.app.cli import build_parser; p = build_parser(); "
+            "out = io.StringIO()\n"
+            "for argv in ([], ['serve'], ['bench'], ['soak']):\n"
+            "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(out): p.parse_args([*argv, '--help'])\n"
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

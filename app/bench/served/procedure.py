@@ -22,7 +22,7 @@ from batchscope.engine import EngineConfig
 from batchscope.engine.config import MODES
 
 from ..floor import measure_bandwidth
-from ..flags import engine_budget
+from ...engine_flags import engine_config_from
 from ..output import TP_BASELINE_SKIPPED, baseline_labels, plan_order, report_head, say, timeline_path, write_json
 from .workload import plan_requests, plan_summary, run_mode
 from .client_figures import (client_figures, finish_run, latency_from_engine, medians, nvml_mean,
@@ -85,12 +85,7 @@ def served_engine_config(args) -> EngineConfig:
     longest = args.prompt_tokens[1] + args.new_tokens[1]
     running = min(args.max_running, args.requests)
     num_blocks = args.num_blocks or running * (math.ceil(longest / block) + 1)
-    return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, mode=args.modes[0],
-                        block_size=block, num_blocks=num_blocks,
-                        max_batch_tokens=engine_budget(args.max_batch_tokens, EngineConfig.max_batch_tokens),
-                        max_running=args.max_running, seed=args.seed, itl_target_ms=args.itl_target_ms,
-                        tensor_parallel_size=args.tensor_parallel_size,
-                        mixed_graphs=not args.no_mixed_graphs).validate()
+    return engine_config_from(args, mode=args.modes[0], block_size=block, num_blocks=num_blocks)
 
 
 def _warm_up(args, bs, tf, labels, plan) -> None:
