@@ -5,14 +5,15 @@ shapes by API (docs/api-errors.md), whatever raised it (a route, a validation, t
 On /v1 a reason names the request's fields as OpenAI does (`max_tokens`, not batchscope's `max_new_tokens`),
 and `param` says which field it is about where the reason starts with it.
 
-AppState raises the ones defined here; BusyError (429), EngineTaken (409: a sweep holds the engine, or another run
-keeps a sweep from starting) and `validation_reason` come from app/loadtest/refusals.py,
+AppState and its rooms raise the ones defined here; BusyError (429), EngineTaken (409: a sweep holds the engine, or
+another run keeps a sweep from starting) and `validation_reason` come from app/loadtest/refusals.py,
 since the load tests raise and the page shows them too. The handlers below map them by type (Starlette looks a
 handler up along each exception's MRO, so the order they are added in does not matter).
 """
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -37,6 +38,15 @@ class NotFoundError(KeyError):
 class ModelNotFound(NotFoundError):
     """An OpenAI request for a model this server does not serve (404, vLLM's `model_not_found`)."""
     param, code = "model", "model_not_found"
+
+
+@contextmanager
+def unknown_id_not_found():
+    """Inside it, a KeyError (how app/loadtest says it knows no run or report by that id) is a NotFoundError."""
+    try:
+        yield
+    except KeyError as e:
+        raise NotFoundError(e.args[0]) from None
 
 
 class NoEngineError(RuntimeError):

@@ -217,11 +217,11 @@ def test_an_ab_says_it_is_spoiled_when_the_mode_moved_under_it(client, served):
 def test_shutdown_stops_a_load_at_once():
     state = tiny_state()
     try:
-        lid = state.start_load(LoadSpec(concurrency=4, prompt_tokens=8, max_new_tokens=200))
-        until(lambda: state.load_status(lid).in_flight == 4)
+        lid = state.load_lab.start_load(LoadSpec(concurrency=4, prompt_tokens=8, max_new_tokens=200))
+        until(lambda: state.load_lab.load(lid).in_flight == 4)
         t0 = time.monotonic()
         state.begin_shutdown()          # what SIGTERM runs (server.chain_shutdown_signals)
-        d = until(lambda: (d := state.load_status(lid)).state != "running" and d, timeout=10)
+        d = until(lambda: (d := state.load_lab.load(lid)).state != "running" and d, timeout=10)
         assert time.monotonic() - t0 < 5
         assert d.stop_reason == "shutdown" and d.in_flight == 0 and d.cancelled == 4
     finally:

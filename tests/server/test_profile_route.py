@@ -102,12 +102,12 @@ def test_one_window_at_a_time_then_its_trace(client, served):
     recorded = {r["step"] for r in client.get("/api/timeline.json").json()["steps"]}
     assert set(steps) <= recorded
     # the next window replaces the last one's trace: the folder keeps one
-    first_path = state.profiles.trace_path()
+    first_path = state.profiler.windows.trace_path()
     assert client.post("/api/profile", json={"steps": 1}).status_code == 200
     assert not os.path.exists(first_path)
     generate(client, tokens=3)
     assert wait_done(client)["state"] == "done"
-    assert len(os.listdir(state.profiles.folder)) == 1
+    assert len(os.listdir(state.profiler.windows.folder)) == 1
 
 
 def test_opening_the_trace_needs_the_importer(client, served, switched_timeline, monkeypatch):
@@ -132,7 +132,7 @@ def test_opening_the_trace_needs_the_importer(client, served, switched_timeline,
     assert s["importer"] and s["open_url"] == "/api/profile/open"
     r = client.post(s["open_url"])
     assert r.status_code == 200 and r.json()["steps"] == len(timeline["steps"])
-    assert seen == [served[1].profiles.trace_path()]
+    assert seen == [served[1].profiler.windows.trace_path()]
     assert client.get("/api/replay.json").json()["steps"] == timeline["steps"]
 
 
@@ -154,7 +154,7 @@ def test_the_window_opens_as_the_replay_through_the_real_importer(client, served
     numbers = [step["step"] for step in replay["steps"]]
     # every step of the window; in async also the next one, whose launch the window's last step made
     assert numbers[:4] == window and len(numbers) <= 5, numbers
-    assert replay["meta"]["source"]["files"][0]["name"] == os.path.basename(served[1].profiles.trace_path())
+    assert replay["meta"]["source"]["files"][0]["name"] == os.path.basename(served[1].profiler.windows.trace_path())
     assert replay["meta"]["source"]["steps_from"].startswith("batchscope's own ranges")
     assert {step["mode"] for step in replay["steps"]} == {"async"} and replay["summary"]["board"]
     # the same steps in the live recording: on a CPU each one's compute is its launch span, which the trace holds
@@ -189,7 +189,7 @@ def test_a_server_shutting_down_takes_no_window():
             assert r.status_code == 503 and "shutting down" in r.json()["error"]
     finally:
         tel.close()
-        state.profiles.close()
+        state.profiler.windows.close()
 
 
 def _decode_periods(steps: list, lo: int, hi: int) -> list[float]:

@@ -331,7 +331,7 @@ def test_capacity_refusals_are_429(served):
             r = c.post("/api/generate", json={"prompt": "hi", "max_new_tokens": 2})
             assert r.status_code == 429 and "waiting" in r.json()["error"]
     finally:
-        busy.bursts.close()
+        busy.load_lab.runs.close()
 
 
 @pytest.fixture
@@ -341,7 +341,7 @@ def long_limits(served):
     roomy = AppState(state.engine, state.telemetry, Limits(max_new_tokens=3000))
     with ServerThread(create_app(roomy, ui=False)) as srv:
         yield srv, state
-    roomy.bursts.close()
+    roomy.load_lab.runs.close()
 
 
 def wait_idle(state, timeout=10.0) -> bool:

@@ -191,13 +191,13 @@ def test_json_routes_keep_the_smaller_body_limit(client):
 
 
 def test_one_replay_is_loaded_at_a_time(served):
-    state = served[1]
-    assert state._replay_lock.acquire()             # as if another upload were being parsed
+    timelines = served[1].timelines
+    assert timelines._replay_lock.acquire()         # as if another upload were being parsed
     try:
         with pytest.raises(BusyError, match="another timeline"):
-            state.load_replay(b"{}")
+            timelines.load_replay(b"{}")
     finally:
-        state._replay_lock.release()
+        timelines._replay_lock.release()
 
 
 # ------------------------------------------------------------------------------------------------ recordings
@@ -381,7 +381,7 @@ def test_requests_in_flight_are_capped_even_before_the_engine_counts_them():
     with ServerThread(create_app(state, ui=False)) as srv:
         r = httpx.post(srv.url + "/api/burst", json={"num_requests": 1})
         assert r.status_code == 503 and "shutting down" in r.json()["error"]
-    state.bursts.close()
+    state.load_lab.runs.close()
 
 
 class SlowHandle:

@@ -6,9 +6,10 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from ...loadtest.refusals import ModeLocked
-from ..deps import State
 from ..errors import Conflict
+from ..load_lab import LoadLabDep
 from ..schemas import GenerateBody, Health, ModeBody, ModeChanged, ModeLock, Status
+from ..state import State
 from ..streaming import delivery_sink, final_outputs, sse_stream
 
 router = APIRouter(prefix="/api", tags=["control"])
@@ -25,17 +26,17 @@ def status(state: State) -> Status:
 
 
 @router.post("/mode", responses={409: {"description": "an A/B comparison is running: the mode is locked"}})
-def set_mode(body: ModeBody, state: State) -> ModeChanged:
+def set_mode(body: ModeBody, lab: LoadLabDep) -> ModeChanged:
     try:
-        return state.set_mode(body.mode)
+        return lab.set_mode(body.mode)
     except ModeLocked as e:     # the request is fine, the moment is not: a conflict, with the reason
         raise Conflict(str(e)) from None
 
 
 @router.get("/mode")
-def mode(state: State) -> ModeLock:
+def mode(lab: LoadLabDep) -> ModeLock:
     """The mode, and whether a switch would be refused now and why (the page greys its toggle out)."""
-    return state.mode_lock()
+    return lab.mode_lock()
 
 
 @router.post("/generate")

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 
 from batchscope.telemetry.prometheus import CONTENT_TYPE
 
-from ..deps import State
+from ..state import State
 
 router = APIRouter(tags=["metrics"])
 

@@ -16,11 +16,10 @@ from starlette.concurrency import run_in_threadpool
 
 from batchscope.engine.config import MAX_TOP_LOGPROBS
 
-from ..deps import State
 from ..errors import EngineFailure
 from ..openai_fields import check_fields, check_message, check_part, check_stream_options
 from ..openai_logprobs import CompletionLogprobs, chat_logprobs
-from ..state import AppState
+from ..state import AppState, State
 from ..streaming import delivery_sink, final_outputs, sse_stream
 
 router = APIRouter(prefix="/v1", tags=["openai"])

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from ...loadtest.sweep.files import to_csv
 from ...loadtest.sweep.spec import SLO, SweepSpec
 from ...loadtest.sweep.progress import SweepList, SweepStarted, SweepStatus
-from ..deps import State
+from ..sweep_lab import SweepLabDep
 from ..replay import MAX_JSON_DEPTH, json_depth_over
 from ..uploads import read_upload
 
@@ -18,13 +18,13 @@ CONFLICT = {409: {"description": "another sweep, an A/B, a load or a burst is ru
 
 
 @router.post("/sweep", responses=CONFLICT)
-def start_sweep(spec: SweepSpec, state: State) -> SweepStarted:
-    return state.start_sweep(spec)
+def start_sweep(spec: SweepSpec, sweeps: SweepLabDep) -> SweepStarted:
+    return sweeps.start(spec)
 
 
 @router.get("/sweeps")
-def list_sweeps(state: State) -> SweepList:
-    return state.list_sweeps()
+def list_sweeps(sweeps: SweepLabDep) -> SweepList:
+    return sweeps.list()
 
 
 def _attachment(filename: str, download: bool) -> dict:
@@ -33,30 +33,30 @@ def _attachment(filename: str, download: bool) -> dict:
 
 # the exports first: "/sweep/{sweep_id}" would also match "sweep-x.json"
 @router.get("/sweep/{sweep_id}.json")
-def sweep_json(sweep_id: str, state: State, download: bool = False):
-    doc = state.sweep_run(sweep_id).document()
+def sweep_json(sweep_id: str, sweeps: SweepLabDep, download: bool = False):
+    doc = sweeps.run(sweep_id).document()
     return JSONResponse(doc, headers=_attachment(f"batchscope-{sweep_id}.json", download))
 
 
 @router.get("/sweep/{sweep_id}.csv")
-def sweep_csv(sweep_id: str, state: State, download: bool = False):
-    text = to_csv(state.sweep_run(sweep_id).document())
+def sweep_csv(sweep_id: str, sweeps: SweepLabDep, download: bool = False):
+    text = to_csv(sweeps.run(sweep_id).document())
     return Response(text, media_type="text/csv", headers=_attachment(f"batchscope-{sweep_id}.csv", download))
 
 
 @router.get("/sweep/{sweep_id}")
-def sweep_status(sweep_id: str, state: State) -> SweepStatus:
-    return state.sweep_status(sweep_id)
+def sweep_status(sweep_id: str, sweeps: SweepLabDep) -> SweepStatus:
+    return sweeps.status(sweep_id)
 
 
 @router.post("/sweep/{sweep_id}/stop")
-def stop_sweep(sweep_id: str, state: State) -> SweepStatus:
+def stop_sweep(sweep_id: str, sweeps: SweepLabDep) -> SweepStatus:
     """Cut the point running now short (its requests in flight are cancelled and counted) and keep the rest."""
-    return state.stop_sweep(sweep_id)
+    return sweeps.stop(sweep_id)
 
 
 @router.post("/sweep/import")
-async def import_report(request: Request, state: State, slo_ttft_ms: float | None = None,
+async def import_report(request: Request, sweeps: SweepLabDep, slo_ttft_ms: float | None = None,
                         slo_itl_ms: float | None = None, slo_e2e_ms: float | None = None) -> dict:
     """A GuideLLM JSON report, a `vllm bench serve` result (or JSON lines of them) or a batchscope.sweep/1 file as
     the body (raw, or as a form's one file field); kept to overlay. The SLO (query) judges its per-request values,
@@ -67,13 +67,13 @@ async def import_report(request: Request, state: State, slo_ttft_ms: float | Non
         raise ValueError(f"report JSON is nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}")
     given = {k: v for k, v in (("ttft_ms", slo_ttft_ms), ("itl_ms", slo_itl_ms), ("e2e_ms", slo_e2e_ms))
              if v is not None}
-    report = await run_in_threadpool(state.import_report, raw, SLO(**given))
+    report = await run_in_threadpool(sweeps.import_report, raw, SLO(**given))
     return _import_summary(report)
 
 
 @router.get("/sweep/imports/{import_id}")
-def imported_report(import_id: str, state: State) -> dict:
-    return state.imported_report(import_id)
+def imported_report(import_id: str, sweeps: SweepLabDep) -> dict:
+    return sweeps.imported(import_id)
 
 
 def _import_summary(report: dict) -> dict:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from batchscope.telemetry.hub import SubscriptionClosed, TooManySubscribers
 
-from ..deps import State
+from ..state import State
 
 router = APIRouter(tags=["telemetry"])
 
