@@ -14,12 +14,13 @@ import numpy as np
 
 from . import host_activity
 from .busy import DeviceBusy
-from .engines import recognise
 from .bad_trace import NoDeviceActivityError
 from .gaps import Gap, GapFinder, resolve
 from .inference import infer_steps
-from .markers import DESCRIPTION, capture_annotations, find_markers, step_marker_names
-from .step_plans import StepPlan, from_markers, transformers_phases
+from .engines import ENGINE_OF_KIND
+from .markers import DESCRIPTION, MARKER_KINDS, capture_annotations, find_markers, step_marker_names
+from .recognition import recognise
+from .step_plans import StepPlan, from_markers, loop_phases
 from .spans import StepSpans, assign_ops, step_spans
 from .tables import TraceTables
 
@@ -66,15 +67,17 @@ def analyse(t: TraceTables, keep_stretches: bool = False) -> FileAnalysis:
                                     f"runtime calls but no kernel, copy or memset, so there is no device time to "
                                     f"name")
     if not len(devices):
-        if kind not in ("batchscope", "transformers"):
+        if kind is None or not MARKER_KINDS[kind].host_timed:
             raise NoDeviceActivityError(f"{t.path}: no device activity: the trace has no kernel, copy or memset "
                                         f"(a CPU-only profile), so there is no device idle time to name")
         plans, more = from_markers(t, kind, markers)
-        if kind == "transformers":          # its loop's Python functions give each turn's phases
-            plans, more = transformers_phases(t, plans)
+        engine_profile = ENGINE_OF_KIND.get(kind)
+        if engine_profile is not None and engine_profile.loop_functions:   # its loop's functions give the phases
+            plans, more = loop_phases(t, plans, engine_profile)
             if not plans:
-                raise NoDeviceActivityError(f"{t.path}: no device activity and no turn of transformers' loop ran "
-                                            f"a forward in the trace: no step to time")
+                raise NoDeviceActivityError(f"{t.path}: no device activity and no turn of "
+                                            f"{engine_profile.loop_name} ran a forward in the trace: no step to "
+                                            f"time")
         fa = FileAnalysis(t, plans, engine, evidence, DESCRIPTION[kind], host_basis=True, notes=notes + more)
         fa.notes.append("no device activity (a CPU-only profile): each step's compute is its launch range, as "
                         "batchscope times itself on a CPU")

@@ -1,18 +1,11 @@
-"""Engine step markers: the names engines give their steps, parsed into what they carry.
+"""Step markers: the names engines give their steps, parsed into what they carry.
 
-In order of preference (the first kind a trace holds is the one steps are split by):
-  batchscope    `batchscope.launch step=N mode=M prefill=P decode=D requests=R`, and its schedule/fill/wait/update
-  sglang        `step[EXTEND bs=B toks=T]`, `step[DECODE bs=B]`, `step[MIXED ...]`, `model.step.tp0.decode`
-                (before vLLM's: profiling patches for SGLang add vLLM-style names beside its own)
-  vllm          `execute_context_C(CT)_generation_G(GT)`, `execute_T_context_C(sqCT...)_generation_G(sqGT...)`,
-                older `execute_new_N_cached_M`
-  atom          `prefill[bs=B tok=T ...]`, `decode[bs=B tok=T ...]`
-  transformers  the continuous-batching loop's Python function `_generation_loop_body` (older `_inner_generation_loop`),
-                present with `with_stack=True` when the loop's thread existed before the profiler started
-  vllm_frames   vLLM's `gpu_model_runner.py(N): execute_model` Python frames (with_stack), one per step, where its
-                execute_* annotations are missing
+Each engine's kinds of marker (their names, what they carry, how they cut steps) are in its profile
+(engines/*_profile.py); here are the two kinds any trace may hold, whatever its engine:
   profiler_step `ProfilerStep#N` (torch.profiler with a schedule)
   numbered      a user annotation `step_N`, `iteration N`, `iter#N`
+and how markers are found. Kinds are tried in order of preference (KINDS: batchscope, sglang, vllm, atom,
+transformers, vllm_frames, then these two); the first kind a trace holds is the one steps are split by.
 CUDA-graph capture annotations (`capture_32_DECODE`) mark a capture trace, whose kernels never ran.
 """
 from __future__ import annotations
@@ -22,36 +15,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .engines import PROFILES, MarkerKind
 from .tables import TraceTables
 
-KINDS = ("batchscope", "sglang", "vllm", "atom", "transformers", "vllm_frames", "profiler_step", "numbered")
-ENGINE_OF_KIND = {"batchscope": "batchscope", "vllm": "vllm", "sglang": "sglang", "atom": "atom",
-                  "transformers": "transformers", "vllm_frames": "vllm"}
-PYTHON_FRAME_KINDS = ("transformers", "vllm_frames")     # Python function rows, not same-named ops
-DESCRIPTION = {
-    "batchscope": "batchscope's own ranges (batchscope.launch step=N ...)",
-    "vllm": "vLLM's execute_* step annotations",
-    "sglang": "SGLang's step[...] forward annotations",
-    "atom": "ATOM's prefill[...]/decode[...] annotations",
-    "transformers": "transformers' continuous-batching loop (_generation_loop_body Python function rows)",
-    "vllm_frames": "vLLM's gpu_model_runner execute_model Python frames",
-    "profiler_step": "torch.profiler's ProfilerStep#N annotations",
-    "numbered": "numbered step annotations",
-}
-
-_BATCHSCOPE = re.compile(r"^batchscope\.(schedule|fill|launch|wait|update)(?: step=(\d+))?"
-                         r"(?: mode=(sync|async))?(?: prefill=(\d+))?(?: decode=(\d+))?(?: requests=(\d+))?")
-_VLLM = re.compile(r"^execute_context_(\d+)\((\d+)[^)]*\)_generation_(\d+)\((\d+)[^)]*\)")
-_VLLM_DETAILED = re.compile(r"^execute_(\d+)_context_(\d+)\(sq(\d+)[^)]*\)_generation_(\d+)\(sq(\d+)[^)]*\)")
-_VLLM_OLD = re.compile(r"^execute_new_(\d+)_cached_(\d+)")
-_SGLANG = re.compile(r"^step\[([A-Z_]+)((?:\s+\w+=[\d/]+)*)[^\]]*\]")
-_SGLANG_NEW = re.compile(r"^model\.step\.tp\d+\.(\w+)")
-_ATOM = re.compile(r"^(prefill|decode)\[bs=(\d+)(?:/\d+)?\s+tok=(\d+)")
-_TRANSFORMERS = re.compile(r"continuous_batching/.*: (_generation_loop_body|_inner_generation_loop)$")
-_VLLM_FRAME = re.compile(r"vllm/.*gpu_model_runner\.py\(\d+\): execute_model$")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _NUMBERED = re.compile(r"^(?:step|iteration|iter)[\s_#:-]?(\d+)$", re.IGNORECASE)
 CAPTURE = re.compile(r"^capture_\d+_\w+$")
+
+
+def _profiler_step(name: str) -> dict | None:
+    m = _PROFILER_STEP.match(name)
+    return {"step": int(m.group(1))} if m else None
+
+
+def _numbered(name: str) -> dict | None:
+    m = _NUMBERED.match(name)
+    return {"step": int(m.group(1))} if m else None
+
+
+_ANY_ENGINE = (MarkerKind("profiler_step", 90, "torch.profiler's ProfilerStep#N annotations", _profiler_step,
+                          evidence=None),
+               MarkerKind("numbered", 95, "numbered step annotations", _numbered, evidence=None))
+MARKER_KINDS: dict[str, MarkerKind] = {k.kind: k for k in sorted(
+    [k for p in PROFILES for k in p.markers] + list(_ANY_ENGINE), key=lambda k: k.preference)}
+KINDS = tuple(MARKER_KINDS)
+DESCRIPTION = {k: m.description for k, m in MARKER_KINDS.items()}
 
 
 @dataclass
@@ -71,52 +59,12 @@ class Marker:
     on_device: bool = False           # a device-side annotation (pid = device, tid = stream)
 
 
-def _sglang_fields(mode: str, rest: str) -> dict:
-    kv = dict(re.findall(r"(\w+)=(\d+)", rest))
-    bs, toks = kv.get("bs"), kv.get("toks")
-    bs = int(bs) if bs is not None else None
-    if mode == "DECODE":
-        return {"requests": bs, "decode": bs, "prefill": 0}
-    return {"requests": bs, "prefill": int(toks) if toks is not None else None, "decode": 0 if toks else None}
-
-
 def parse(name: str) -> tuple[str, dict] | None:
     """(kind, fields) of a step-marker name, or None."""
-    if name.startswith("batchscope."):
-        m = _BATCHSCOPE.match(name)
-        if not m:
-            return None
-        phase, step, mode, pre, dec, req = m.groups()
-        num = lambda v: int(v) if v is not None else None      # noqa: E731
-        return "batchscope", {"phase": phase, "step": num(step), "mode": mode, "prefill": num(pre),
-                              "decode": num(dec), "requests": num(req)}
-    if name.startswith("execute_"):
-        if m := _VLLM.match(name):
-            c, ct, g, gt = map(int, m.groups())
-            return "vllm", {"requests": c + g, "prefill": ct, "decode": gt}
-        if m := _VLLM_DETAILED.match(name):
-            _, c, ct, g, gt = map(int, m.groups())
-            return "vllm", {"requests": c + g, "prefill": ct, "decode": gt}
-        if m := _VLLM_OLD.match(name):
-            new, cached = map(int, m.groups())
-            return "vllm", {"requests": new + cached}
-        return None
-    if m := _SGLANG.match(name):
-        return "sglang", _sglang_fields(m.group(1), m.group(2) or "")
-    if m := _SGLANG_NEW.match(name):
-        return "sglang", {}
-    if m := _ATOM.match(name):
-        stage, bs, tok = m.group(1), int(m.group(2)), int(m.group(3))
-        return "atom", {"requests": bs, "prefill": tok if stage == "prefill" else 0,
-                        "decode": tok if stage == "decode" else 0}
-    if _TRANSFORMERS.search(name):
-        return "transformers", {}
-    if _VLLM_FRAME.search(name):
-        return "vllm_frames", {}
-    if m := _PROFILER_STEP.match(name):
-        return "profiler_step", {"step": int(m.group(1))}
-    if m := _NUMBERED.match(name):
-        return "numbered", {"step": int(m.group(1))}
+    for kind, marker_kind in MARKER_KINDS.items():
+        fields = marker_kind.parse(name)
+        if fields is not None:
+            return kind, fields
     return None
 
 
@@ -141,7 +89,7 @@ def find_markers(t: TraceTables) -> tuple[str | None, list[Marker]]:
                 continue
             ids = np.array([nid for nid, (k, _) in parsed.items() if k == kind])
             chosen = rows[np.isin(table.name[rows], ids)]
-            if kind in PYTHON_FRAME_KINDS and not on_device:     # a Python function row, not a same-named op
+            if MARKER_KINDS[kind].python_frames and not on_device:     # a Python function row, not a same-named op
                 chosen = chosen[t.host.code[chosen] == 2]
             return kind, [_marker(t, table, i, kind, parsed[int(table.name[i])][1], on_device) for i in chosen]
     return None, []
@@ -162,10 +110,10 @@ def capture_annotations(t: TraceTables) -> int:
 
 def step_marker_names(t: TraceTables, kind: str | None) -> set[int]:
     """Name ids of the step markers (of `kind`, and torch.profiler's ProfilerStep#N), for the host sweep to see
-    through: batchscope's ranges are phases, not markers, and stay."""
+    through: ranges that are phases (batchscope's), not markers, stay."""
     out = set()
     for nid, name in enumerate(t.names):
         got = parse(name) if name else None
-        if got is not None and got[0] != "batchscope" and (got[0] == kind or got[0] == "profiler_step"):
+        if got is not None and not MARKER_KINDS[got[0]].per_phase and (got[0] == kind or got[0] == "profiler_step"):
             out.add(nid)
     return out

@@ -3,21 +3,23 @@ host phases, and the windows its device work is found by: the host windows whose
 launching call started inside), and device windows (ops starting inside, on one device: a marker's device-side
 twin, a device-only marker, or a step inferred from the device timeline).
 
-batchscope: every range names its step, so a step's windows are exactly its own fill/launch/wait/update ranges
-(the schedule range, which cannot know its step yet, belongs to the next fill on its thread). Other engines: a
-step's host window runs from its marker's start to the next marker's start on the same thread, so work launched
-just after the marked span (vLLM's sampling runs outside `execute_model`'s annotation) stays with its step.
+Per-phase markers (batchscope's: MarkerKind.per_phase): every range names its step, so a step's windows are exactly
+its own fill/launch/wait/update ranges (the schedule range, which cannot know its step yet, belongs to the next
+fill on its thread). Other engines: a step's host window runs from its marker's start to the next marker's start
+on the same thread, so work launched just after the marked span (vLLM's sampling runs outside `execute_model`'s
+annotation) stays with its step. A CPU-only trace of an engine whose loop turns are Python functions
+(transformers') takes each turn's host phases from its profile's loop functions (`loop_phases`).
 """
 from __future__ import annotations
 
 import bisect
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..records import HOST_PHASES
-from .markers import Marker
+from .engines import EngineProfile
+from .markers import MARKER_KINDS, Marker
 from .tables import TraceTables
 
 
@@ -36,12 +38,12 @@ class StepPlan:
 
 
 def from_markers(t: TraceTables, kind: str, markers: list[Marker]) -> tuple[list[StepPlan], list[str]]:
-    if kind == "batchscope":
-        return _batchscope(markers)
+    if MARKER_KINDS[kind].per_phase:
+        return _per_phase(markers)
     return _windowed(t, kind, markers)
 
 
-def _batchscope(markers: list[Marker]) -> tuple[list[StepPlan], list[str]]:
+def _per_phase(markers: list[Marker]) -> tuple[list[StepPlan], list[str]]:
     plans: dict[int, StepPlan] = {}
     pending_schedule: dict[tuple, list] = {}
     for m in sorted(markers, key=lambda m: m.start):
@@ -135,28 +137,18 @@ def _brief(nums: list[int]) -> str:
     return ", ".join(map(str, nums[:6])) + (", ..." if len(nums) > 6 else "")
 
 
-# transformers' continuous batching: the Python functions of one loop turn, in loop order (`launch` is the forward
-# and sampling; `_generation_step` stands in where a version has no `compute_batch`)
-_TF = r"continuous_batching/"
-_TF_PHASES = (("schedule", re.compile(_TF + r"continuous_api\.py\(\d+\): prepare_next_batch$")),
-              ("fill", re.compile(_TF + r"input_outputs\.py\(\d+\): prepare_batch_tensors$")),
-              ("launch", re.compile(_TF + r"model_runner\.py\(\d+\): compute_batch$")),
-              ("wait", re.compile(_TF + r"input_outputs\.py\(\d+\): retrieve_device_outputs$")),
-              ("update", re.compile(_TF + r"continuous_api\.py\(\d+\): update_batch$")))
-_TF_STEP = re.compile(_TF + r"continuous_api\.py\(\d+\): _generation_step$")
-
-
-def transformers_phases(t: TraceTables, plans: list[StepPlan]) -> tuple[list[StepPlan], list[str]]:
-    """A CPU-only transformers trace: each loop turn's host phases from its Python function rows on the loop's
-    thread (schedule = prepare_next_batch up to prepare_batch_tensors, fill = prepare_batch_tensors, launch =
+def loop_phases(t: TraceTables, plans: list[StepPlan], engine: EngineProfile) -> tuple[list[StepPlan], list[str]]:
+    """A CPU-only trace of an engine whose loop turns are Python function rows (transformers'): each turn's host
+    phases from the first call of each of its profile's `loop_functions` on the loop's thread (for transformers:
+    schedule = prepare_next_batch up to prepare_batch_tensors, fill = prepare_batch_tensors, launch =
     compute_batch, wait = retrieve_device_outputs, update = update_batch). A turn that ran no forward (the loop
     waiting for requests) is no step: left out, and said so. Kept steps are numbered from 0 in order."""
-    ids: dict[str, set[int]] = {p: set() for p, _ in _TF_PHASES}
+    ids: dict[str, set[int]] = {p: set() for p, _ in engine.loop_functions}
     step_ids = set()
     for nid, name in enumerate(t.names):
-        if _TF_STEP.search(name):
+        if engine.loop_forward is not None and engine.loop_forward.search(name):
             step_ids.add(nid)
-        for phase, pattern in _TF_PHASES:
+        for phase, pattern in engine.loop_functions:
             if pattern.search(name):
                 ids[phase].add(nid)
     h = t.host
@@ -170,7 +162,7 @@ def transformers_phases(t: TraceTables, plans: list[StepPlan]) -> tuple[list[Ste
             mine = rows[np.isin(h.name[rows], list(names))] if names else rows[:0]
             if len(mine):
                 first[phase] = [float(h.start[mine[0]]), float(h.end[mine[0]])]
-        if "launch" not in first:          # no compute_batch: the innermost _generation_step is the forward
+        if "launch" not in first:          # no launch function: the innermost loop_forward is the forward
             steps = rows[np.isin(h.name[rows], list(step_ids))] if step_ids else rows[:0]
             if len(steps):
                 first["launch"] = [float(h.start[steps[-1]]), float(h.end[steps[-1]])]
@@ -191,7 +183,7 @@ def transformers_phases(t: TraceTables, plans: list[StepPlan]) -> tuple[list[Ste
         plan.phases = phases
         plan.number = len(kept)
         kept.append(plan)
-    notes = [f"{idle} turn(s) of transformers' loop ran no forward (waiting for requests): not steps"] if idle else []
+    notes = [f"{idle} turn(s) of {engine.loop_name} ran no forward (waiting for requests): not steps"] if idle else []
     if unordered:
         notes.append(f"{unordered} step(s) whose forward overlaps their scheduling in the trace: left out")
     return kept, notes

@@ -15,7 +15,7 @@ from ..records import mode_record
 from ..summary import summarize
 from .file_analysis import FileAnalysis
 from .coverage import under_recorded
-from .engines import device_name, vendor
+from .recognition import device_name, vendor
 from .headline import device_shares, lane_idle, lead_with_device, put_shares, rank_table, unknown_is_none
 from .rank_files import clock_shifts
 from .steprecords import rank_step_record, step_record
@@ -57,7 +57,7 @@ def build(analyses: list[FileAnalysis], ranks: list[int], keep_kernels: bool = F
     rank_table(summary, figures["devices"])
     if not ref.host_basis:
         meta["source"]["under_recorded"] = under_recorded(tables, steps)
-    tl = build_timeline(meta, steps, [], [], _mode_changes(steps), summary, rank_steps)
+    tl = build_timeline(meta, steps, [], [], mode_changes(steps), summary, rank_steps)
     if keep_kernels:
         tl["kernels"] = [kernel_spans(analyses[m["_file"]], m["_lane"], local[m["_file"]], m["rank"])
                          for m in lanes_meta if m["device"] is not None and m["device"] >= 0]
@@ -144,7 +144,7 @@ def _overlapping_step(span, ref_spans, starts) -> int | None:
     return best
 
 
-def _mode_changes(steps: list) -> list:
+def mode_changes(steps: list) -> list:
     return [mode_record(b["compute_us"][0] if b.get("compute_us") else 0.0, b["step"], a["mode"], b["mode"])
             for a, b in zip(steps, steps[1:]) if a["mode"] != b["mode"]]
 

@@ -1,38 +1,38 @@
-"""Which engine a trace came from (batchscope, vllm, sglang, transformers, or unknown), and which tool and
-vendor: from its step markers, its top-level keys (vLLM writes `vllm_version`), its process names
-(`VLLM::EngineCore`, `sglang::scheduler`) and the source paths in its Python rows."""
+"""Which engine a trace came from (an engine of engines/'s registry, or unknown), and which vendor's device ran
+it. The engine: from its step markers, else its top-level keys (vLLM writes `vllm_version`), its process names
+(`VLLM::EngineCore`, `sglang::scheduler`) or the source paths in its Python rows, each as its profile lists them."""
 from __future__ import annotations
-
-import re
 
 import numpy as np
 
+from .engines import ENGINE_OF_KIND, PROFILES
 from .tables import TraceTables
 
-ENGINES = ("batchscope", "vllm", "sglang", "transformers", "unknown")
-_PATHS = [("vllm", re.compile(r"(^|/)vllm/")), ("sglang", re.compile(r"(^|/)sglang/")),
-          ("transformers", re.compile(r"transformers/generation/continuous_batching/")),
-          ("batchscope", re.compile(r"(^|/)batchscope/engine/"))]
+_REPORTED = tuple(p for p in PROFILES if p.reported)
 
 
 def recognise(t: TraceTables, marker_kind: str | None) -> tuple[str, str]:
     """(engine, the evidence)."""
-    if marker_kind in ("batchscope", "vllm", "sglang", "transformers"):
-        return marker_kind, "its step markers"
-    if marker_kind == "vllm_frames":
-        return "vllm", "its execute_model Python frames"
-    if "vllm_version" in t.header:
-        return "vllm", "the trace's vllm_version key"
+    profile = ENGINE_OF_KIND.get(marker_kind) if marker_kind is not None else None
+    if profile is not None and profile.reported:
+        evidence = next(k.evidence for k in profile.markers if k.kind == marker_kind)
+        if evidence is not None:
+            return profile.name, evidence
+    for p in _REPORTED:
+        for key in p.header_keys:
+            if key in t.header:
+                return p.name, f"the trace's {key} key"
     for name in t.processes.values():
-        if name.startswith("VLLM::"):
-            return "vllm", f"process name {name}"
-        if name.startswith("sglang::"):
-            return "sglang", f"process name {name}"
+        for p in _REPORTED:
+            if p.process_prefixes and name.startswith(p.process_prefixes):
+                return p.name, f"process name {name}"
     python = np.unique(t.host.name[t.host.code == 2])
-    for engine, pattern in _PATHS:
+    for p in _REPORTED:
+        if p.source_path is None:
+            continue
         for nid in python:
-            if pattern.search(t.names[nid]):
-                return engine, "the source paths of its Python functions"
+            if p.source_path.search(t.names[nid]):
+                return p.name, "the source paths of its Python functions"
     return "unknown", "no engine marker, process name or source path recognised"
 
 
