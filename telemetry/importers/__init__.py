@@ -8,6 +8,24 @@ Kineto / torch.profiler Chrome-trace JSON, plain or gzipped, whole or an excerpt
 loaded whole), split into steps by the engine's own markers (or steps inferred from the trace, said so in
 `meta.source`), and every idle microsecond of the device is named: between steps as batchscope's own recordings
 do, and inside them, which CUDA events cannot see. Bad input raises a one-line TraceImportError (a TimelineError).
+
+A per-step record stream that is not a trace (forward-pass metrics, iteration logs) enters by the step-source
+seam instead: `timeline_from_steps(source)` (step_source.py).
+
+Which file holds what:
+  reading        opening.py (plain or gzipped), kineto_json.py and parallel_read.py (Chrome-trace JSON, on every
+                 core), nsys_sqlite.py (Nsight Systems exports), columns.py and tables.py (the events as columns),
+                 names.py (runtime calls and op kinds by name), bad_trace.py (the errors), rank_files.py
+  engines/       one file per engine (<name>_profile.py): how its traces are recognised, its step markers, the
+                 host phases its ranges stand for; engines/__init__.py lists them (adding an engine: docs/import.md)
+  recognition.py which engine (from the profiles) and vendor a trace came from
+  markers.py     finding the step markers of the preferred kind (and the kinds any engine's trace may hold)
+  step_plans.py  markers -> steps' windows and host phases; inference.py: steps without markers
+  spans.py, busy.py, gaps.py, host_activity.py, phases.py
+                 device ops -> steps' spans, busy time, and every idle stretch named by what the host was doing
+  file_analysis.py one file analysed; to_timeline.py, steprecords.py, headline.py, coverage.py, kernel_spans.py,
+                 agreement.py: the analyses -> one timeline
+  step_source.py the seam for step streams that are not traces
 """
 from __future__ import annotations
 
@@ -20,10 +38,11 @@ from .bad_trace import (ClockSkewError, NoDeviceActivityError, NotATraceError, T
                         TruncatedTraceError)
 from .rank_files import order_ranks
 from .reading import read_trace
+from .step_source import SourceStep, StepSource, timeline_from_steps
 from .to_timeline import build
 
 __all__ = ["import_trace", "TraceImportError", "NotATraceError", "TruncatedTraceError", "NoDeviceActivityError",
-           "ClockSkewError"]
+           "ClockSkewError", "SourceStep", "StepSource", "timeline_from_steps"]
 
 
 def import_trace(paths, *, kernels: bool = False, progress=None, partial: bool = False,
