@@ -2,25 +2,32 @@
 
 A fixed budget (`EngineConfig(max_batch_tokens=N)`) is the same for every step. The adaptive one (the default,
 max_batch_tokens None) is chosen per step from what the engine measured of its own steps:
-  - nothing decoding: the budget opens to `max_batch_tokens` (8192 on CUDA): long compute-bound chunks prefill fastest,
-    and there is no decode whose inter-token latency a long step would stretch;
+  - nothing decoding: the budget opens to `max_batch_tokens` (8192 on CUDA): long compute-bound chunks prefill
+    fastest, and there is no decode whose inter-token latency a long step would stretch;
   - requests decoding: the prefill chunk is the largest whose step the model predicts within a target, the
-    user's ITL target (`itl_target_ms`) or DECODE_FACTOR x the current decode step, so a step that carries a
-    chunk delays each decode by at most that much. With the derived target (no itl_target_ms) and more prefill
-    waiting than the decoding requests have left to decode (both in predicted device time), the target rises to
-    the largest step: the steps the decodes still need cannot carry that prefill, the prompts behind them are
-    most of the latency left, and small chunks would prefill them ~1.7x slower (an 8B model on an H200: 256
-    tokens in 11 ms, 8192 in 213 ms). When the decodes have more left, small chunks cost little: each step's
-    weight read serves decodes that had to run anyway.
+    user's ITL target (`itl_target_ms`) or DECODE_FACTOR x the predicted decode step, so a step that carries a
+    chunk delays each decode by at most that much. With the derived target the chunk is never smaller than the
+    knee (intercept / ms per prefill token): below it a step costs more in its fixed part (weights, decode KV)
+    than in the chunk's own compute, and prefill crawls for little ITL gained;
+  - a prefill backlog (derived target only): when the waiting prompts would need more than BACKLOG_STEPS
+    target-sized steps, those steps would stretch every decode for long and still prefill slowly (an 8B model on
+    an H200 with 29 decodes over 4000-token contexts: a 227-token chunk step takes 16-18 ms, 0.07 ms a prompt
+    token; an 8192-token one 220 ms, 0.027). The chunk becomes the smallest whose whole-step cost per prompt
+    token (attention aside) is within BACKLOG_EFFICIENCY (2%) of the best any step size reaches, until the backlog falls under
+    BACKLOG_EXIT_STEPS such steps. An explicit `itl_target_ms` is never exceeded.
 
-The step-time model maps tokens to device ms: per token-count bucket (powers of two) an average of the recent
-steps in it, a line fitted through those averages (each bucket counts once, so the many decode steps do not
-outweigh the few prefill ones), and the recent decode-only step time on its own. Its inputs are times the engine
-already has when it consumes a step (the step's compute events, complete by then, or on CPU its launch span): it
-adds no wait on the device. Plain Python, no torch: the scheduler asks it, core.py feeds it.
+The step-time model predicts device ms from a step's shape (StepShape): a fixed cost, decode rows, prefill
+tokens, the prefill rows' attention work (sum of chunk x (cached context + chunk / 2) query-key pairs: a chunk
+at the end of a long prompt attends to all of it) and the KV tokens the decode rows read. Its coefficients are a
+non-negative least-squares fit, in relative error, over exponentially forgotten steps, anchored by a few
+pseudo-steps of a prior (the H200 fit of llama3-8b) so directions the recent steps do not vary stay sensible.
+Its inputs are times the engine already has when it consumes a step (the step's compute events, complete by
+then, or on CPU its launch span): it adds no wait on the device. Plain Python, no torch: the scheduler asks it,
+core.py feeds it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .config import EngineConfig
@@ -29,11 +36,68 @@ REASONS = ("decode_target", "no_decode", "fixed")
 ADAPTIVE_MAX_TOKENS = {"cuda": 8192, "cpu": 2048}   # the adaptive budget's largest step, by device type
 ADAPTIVE_GRAPH_TOKENS = 2048    # the adaptive budget's mixed-step graphs cover steps up to this many tokens
 DECODE_FACTOR = 2.0         # the derived target: a step carrying a chunk takes at most this many decode steps
-COLD_TOKENS = 256           # decoding before the model has two buckets: the budget measured safe on an 8B H200
+COLD_TOKENS = 256           # decoding before the model is ready: the budget measured safe on an 8B H200
 MIN_CHUNK = 16              # a decode-target step always moves prefill on by at least this many tokens
-EMA = 0.25                  # weight of the newest step in a bucket's average (recent steps count most)
-DECODE_STALE_STEPS = 64     # a decode-only time older than this many steps no longer says what decoding costs
+BACKLOG_STEPS = 16          # more target-sized steps than this to clear the waiting prompts: a backlog
+BACKLOG_EXIT_STEPS = 4      # ... which lasts until this many such steps would clear what is left
+BACKLOG_EFFICIENCY = 0.02   # a backlog chunk's ms per prompt token within 2% of the best step size's
+EMA = 0.25                  # weight of the newest step in the displayed averages (buckets, decode ms)
+FORGET = 0.995              # each older step's weight in the fit shrinks by this per step (half-life ~140 steps)
+OUTLIER = 0.5               # a step off its prediction by more than this (relative) counts proportionally less
+MIN_PREFILL_STEPS = 2       # steps with prefill the fit needs before it sizes chunks (with one that decodes)
 PUBLISH_EVERY = 32          # steps between refreshes of the engine's visible snapshot (Engine.info["budget"])
+
+# the fit's terms: ms = sum(coefficient x feature); features in the units of StepShape.features
+TERMS = ("ms", "ms_per_decode_row", "ms_per_prefill_token", "ms_per_k_attention_pairs", "ms_per_k_decode_kv")
+# the prior: llama3-8b-random bf16 on one H200, fitted over the 16,472 steps of benchmarks/results/2026-12-04-h200-
+# budget*/ (median error 3%); a few pseudo-steps of it, each PRIOR_WEIGHT of a real step
+PRIOR = (4.4, 0.014, 0.019, 0.0028, 0.042)
+PRIOR_WEIGHT = 0.1
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step computes, as far as its time goes."""
+    decode_rows: int = 0
+    decode_kv: int = 0              # KV tokens the decode rows attend to, summed
+    prefill_tokens: int = 0
+    prefill_pairs: float = 0.0      # prefill query-key pairs: sum over rows of chunk x (cached + chunk / 2)
+
+    @classmethod
+    def of(cls, seqs) -> StepShape:
+        """The shape of a planned step; `seqs` are scheduler.ScheduledSeq (start, num_tokens, is_decode)."""
+        rows = kv = tokens = 0
+        pairs = 0.0
+        for s in seqs:
+            if s.is_decode:
+                rows += 1
+                kv += s.start + 1
+            else:
+                tokens += s.num_tokens
+                pairs += s.num_tokens * (s.start + s.num_tokens / 2)
+        return cls(rows, kv, tokens, pairs)
+
+    @classmethod
+    def with_chunk(cls, decode_rows: int, decode_kv: int, rows: list[tuple[int, int]], chunk: int) -> StepShape:
+        """A step of `decode_rows` decodes and a prefill chunk of `chunk` tokens taken from `rows` ((cached,
+        still to compute) per prefilling request) in order, as the scheduler fills a step."""
+        tokens, pairs = 0, 0.0
+        for cached, todo in rows:
+            if tokens >= chunk:
+                break
+            n = min(todo, chunk - tokens)
+            tokens += n
+            pairs += n * (cached + n / 2)
+        return cls(decode_rows, decode_kv, tokens, pairs)
+
+    def features(self) -> tuple[float, ...]:
+        return (1.0, float(self.decode_rows), float(self.prefill_tokens), self.prefill_pairs / 1e3,
+                self.decode_kv / 1e3)
+
+
+PRIOR_SHAPES = (StepShape(1, 500), StepShape(32, 32 * 2000), StepShape(64, 64 * 500),
+                StepShape(0, 0, 256, 256 * 128), StepShape(32, 32 * 1000, 256, 256 * 2128),
+                StepShape(0, 0, 8192, 2 * 4000 * 2000 + 192 * 96))
 
 
 def step_token_limits(config: EngineConfig, device_type: str) -> tuple[int, int]:
@@ -46,7 +110,7 @@ def step_token_limits(config: EngineConfig, device_type: str) -> tuple[int, int]
     return largest, min(largest, ADAPTIVE_GRAPH_TOKENS)
 
 
-def make_budget(config: EngineConfig, device_type: str) -> "StepBudget":
+def make_budget(config: EngineConfig, device_type: str) -> StepBudget:
     return StepBudget(config.max_batch_tokens, step_token_limits(config, device_type)[0], config.itl_target_ms)
 
 
@@ -66,22 +130,62 @@ class Budget:
 
 
 class StepTimeModel:
-    """tokens -> device ms, from the engine's own recent steps (see the module docstring)."""
+    """StepShape -> device ms, fitted online from the engine's own steps (see the module docstring)."""
 
     def __init__(self):
-        self.buckets: dict[int, list[float]] = {}   # tokens.bit_length() -> [mean tokens, mean ms, steps]
-        # decode-only steps by rows.bit_length() -> [mean ms, the step count when last seen]: a decode step's
-        # time grows with its rows and their context, so 2 rows say little about 32
-        self.decodes: dict[int, list[float]] = {}
-        self.decode_ms: float | None = None         # the latest decode-only steps' mean, whatever their rows
-        self.steps = 0
-        self._line: tuple[float, float] | None = None
+        n = len(TERMS)
+        self._xx = [[0.0] * n for _ in range(n)]    # forgotten sums of w x x^T and w x y over real steps
+        self._xy = [0.0] * n
+        self._prior_xx = [[0.0] * n for _ in range(n)]
+        self._prior_xy = [0.0] * n
+        for shape in PRIOR_SHAPES:
+            x = shape.features()
+            _accumulate(self._prior_xx, self._prior_xy, x, _dot(PRIOR, x), PRIOR_WEIGHT)
+        self._coef: tuple[float, ...] = PRIOR
         self._dirty = False
+        self.steps = 0
+        self.prefill_steps = 0
+        self.decode_steps = 0               # steps that carried at least one decode
+        self.error = None                   # forgotten mean |relative error| of each step's prediction, before it
+        self.kv_per_row = 0.0               # averages the scheduler's questions fall back on when it gives no shape
+        self.cached_per_prefill_row = 0.0
+        # what the snapshot shows besides the fit (the earlier model's views, kept for readers of it)
+        self.buckets: dict[int, list[float]] = {}   # tokens.bit_length() -> [mean tokens, mean ms, steps]
+        self.decodes: dict[int, list[float]] = {}   # decode-only steps by rows.bit_length() -> [mean ms, last step]
+        self.decode_ms: float | None = None
 
-    def observe(self, tokens: int, ms: float, decode_only: bool) -> None:
-        if tokens < 1 or not ms > 0:
+    @property
+    def ready(self) -> bool:
+        return self.prefill_steps >= MIN_PREFILL_STEPS and self.decode_steps >= 1
+
+    def observe(self, shape: StepShape, ms: float) -> None:
+        tokens = shape.decode_rows + shape.prefill_tokens
+        if tokens < 1 or not ms > 0 or math.isinf(ms):
             return
+        x = shape.features()
+        weight = 1.0 / (ms * ms)            # relative error: a 5 ms step counts as much as a 200 ms one
+        if self.ready:
+            rel = abs(ms - self.predict(shape)) / ms
+            self.error = rel if self.error is None else self.error + EMA * (rel - self.error)
+            if rel > OUTLIER:               # a stall (GC, a preempted host) must not drag the fit
+                weight *= OUTLIER / rel
+        for row in self._xx:
+            for j in range(len(row)):
+                row[j] *= FORGET
+        self._xy = [v * FORGET for v in self._xy]
+        _accumulate(self._xx, self._xy, x, ms, weight)
+        self._dirty = True
         self.steps += 1
+        if shape.prefill_tokens:
+            self.prefill_steps += 1
+            rows_cached = shape.prefill_pairs / shape.prefill_tokens - shape.prefill_tokens / 2
+            self.cached_per_prefill_row += EMA * (max(0.0, rows_cached) - self.cached_per_prefill_row)
+        if shape.decode_rows:
+            self.decode_steps += 1
+            self.kv_per_row += EMA * (shape.decode_kv / shape.decode_rows - self.kv_per_row)
+        self._show(tokens, ms, decode_only=not shape.prefill_tokens)
+
+    def _show(self, tokens: int, ms: float, decode_only: bool) -> None:
         cell = self.buckets.get(tokens.bit_length())
         if cell is None:
             self.buckets[tokens.bit_length()] = [float(tokens), ms, 1]
@@ -90,59 +194,102 @@ class StepTimeModel:
             cell[1] += EMA * (ms - cell[1])
             cell[2] += 1
         if decode_only:
-            rows = self.decodes.get(tokens.bit_length())
-            if rows is None:
-                rows = self.decodes[tokens.bit_length()] = [ms, self.steps]
+            rows = self.decodes.setdefault(tokens.bit_length(), [ms, self.steps])
             rows[0] += EMA * (ms - rows[0])
             rows[1] = self.steps
             self.decode_ms = rows[0]
-        self._dirty = True
 
-    def line(self) -> tuple[float, float] | None:
-        """(intercept ms, ms per token) of the least-squares line through the buckets' averages; None until two
-        buckets are known or while the line does not rise with tokens."""
+    def coefficients(self) -> tuple[float, ...]:
         if self._dirty:
             self._dirty = False
-            self._line = _fit([(c[0], c[1]) for c in self.buckets.values()])
-        return self._line
+            n = len(TERMS)
+            xx = [[self._xx[i][j] + self._prior_xx[i][j] for j in range(n)] for i in range(n)]
+            xy = [self._xy[i] + self._prior_xy[i] for i in range(n)]
+            self._coef = _nonnegative_solve(xx, xy) or self._coef
+        return self._coef
 
-    def predict(self, tokens: int) -> float | None:
-        fit = self.line()
-        return None if fit is None else fit[0] + fit[1] * tokens
+    def predict(self, shape: StepShape, attention: bool = True) -> float:
+        """Device ms of a step of this shape; without its prefill attention with `attention=False` (the part
+        that splitting a prompt into chunks does not change: its chunks' pairs always sum to the whole triangle)."""
+        coef = self.coefficients()
+        ms = _dot(coef, shape.features())
+        return ms if attention else ms - coef[3] * shape.prefill_pairs / 1e3
 
-    def decode_step_ms(self, decoding: int) -> float | None:
-        """What a step of `decoding` one-token rows costs now: recent decode-only steps of about as many rows
-        (same power-of-two bucket), else the line (a prefill backlog leaves few decode-only steps to learn from)."""
-        rows = self.decodes.get(decoding.bit_length())
-        if rows is not None and self.steps - rows[1] <= DECODE_STALE_STEPS:
-            return rows[0]
-        return self.predict(decoding)
+    def knee_tokens(self) -> float:
+        """Prefill tokens whose compute costs what the step's fixed part does."""
+        coef = self.coefficients()
+        return coef[0] / coef[2] if coef[2] > 0 else 0.0
 
     def describe(self) -> dict:
-        fit = self.line()
-        return {"intercept_ms": round(fit[0], 4) if fit else None,
-                "ms_per_token": round(fit[1], 6) if fit else None,
+        coef = self.coefficients()
+        return {"intercept_ms": round(coef[0], 4), "ms_per_token": round(coef[2], 6),
                 "decode_ms": round(self.decode_ms, 4) if self.decode_ms is not None else None,
                 "decode_ms_by_rows": [{"rows_up_to": 2 ** k - 1, "ms": round(v[0], 4)}
                                       for k, v in sorted(self.decodes.items())],
                 "steps_seen": self.steps,
                 "buckets": [{"tokens": round(c[0], 1), "ms": round(c[1], 4), "steps": c[2]}
-                            for _k, c in sorted(self.buckets.items())]}
+                            for _k, c in sorted(self.buckets.items())],
+                "coefficients": {t: round(c, 7) for t, c in zip(TERMS, coef)},
+                "ready": self.ready,
+                "error_pct": round(100 * self.error, 2) if self.error is not None else None,
+                "knee_tokens": round(self.knee_tokens(), 1)}
 
 
-def _fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    if len(points) < 2:
+def _dot(a, b) -> float:
+    return sum(x * y for x, y in zip(a, b))
+
+
+def _accumulate(xx: list[list[float]], xy: list[float], x: tuple[float, ...], y: float, w: float) -> None:
+    for i, xi in enumerate(x):
+        if xi:
+            xy[i] += w * xi * y
+            row = xx[i]
+            for j, xj in enumerate(x):
+                row[j] += w * xi * xj
+
+
+def _nonnegative_solve(xx: list[list[float]], xy: list[float]) -> tuple[float, ...] | None:
+    """argmin over c >= 0 of the quadratic with normal equations xx c = xy: solve, pin the most negative
+    coefficient at 0, solve for the rest, until none is negative (an active set; five terms, a few passes)."""
+    n = len(xy)
+    free = list(range(n))
+    while free:
+        sub = _solve([[xx[i][j] for j in free] for i in free], [xy[i] for i in free])
+        if sub is None:
+            return None
+        worst = min(range(len(free)), key=lambda k: sub[k])
+        if sub[worst] >= 0:
+            out = [0.0] * n
+            for k, i in enumerate(free):
+                out[i] = sub[k]
+            return tuple(out)
+        free.pop(worst)
+    return tuple([0.0] * n)
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    scale = max((abs(m[i][i]) for i in range(n)), default=0.0)
+    if scale <= 0:
         return None
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    if sxx <= 0:
-        return None
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-    if slope <= 0:
-        return None
-    return my - slope * mx, slope
+    for i in range(n):
+        m[i][i] += 1e-12 * scale             # a whisper of ridge: a term no step varies stays at the prior
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) <= 1e-15 * scale:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            if f:
+                for c in range(col, n + 1):
+                    m[r][c] -= f * m[col][c]
+    out = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        out[r] = (m[r][n] - sum(m[r][c] * out[c] for c in range(r + 1, n))) / m[r][r]
+    return out
 
 
 class StepBudget:
@@ -156,6 +303,7 @@ class StepBudget:
         self.itl_target_ms = itl_target_ms
         self.model = StepTimeModel()
         self.last: Budget | None = None
+        self.backlog = False                # the adaptive budget is clearing a prefill backlog (module docstring)
         self.snapshot: dict = {}            # Engine.info["budget"]: same keys always, values replaced whole
         self._since_publish = 0
         self.publish()
@@ -182,40 +330,85 @@ class StepBudget:
                 self.decode_max_tokens = self.graph_tokens[-1]
         self.publish()
 
-    def choose(self, decoding: int, prefill_waiting: int, decode_left: float) -> Budget:
+    def choose(self, decoding: int, prefill_waiting: int, decode_left: float, decode_kv: int | None = None,
+               prefill_rows: list[tuple[int, int]] | None = None) -> Budget:
         """The budget of the next step. `decoding`: requests that decode one token in it; `prefill_waiting`:
         prompt (or recompute) tokens that running requests and the admissible queue still have to compute;
-        `decode_left`: the mean tokens the decoding requests may still produce."""
+        `decode_left`: the mean tokens the decoding requests may still produce; `decode_kv`: the KV tokens the
+        decoding requests attend to, summed; `prefill_rows`: (cached tokens, tokens still to compute) of each
+        request with prefill waiting, in the order the scheduler fills a step. Without the last two the model
+        falls back on the averages it saw."""
         if not self.adaptive:
             budget = Budget(self.fixed_tokens, "fixed")
         elif decoding == 0:
+            self.backlog = False
             budget = Budget(self.max_batch_tokens, "no_decode")
         else:
-            budget = self._decode_target(decoding, prefill_waiting, decode_left)
+            if decode_kv is None:
+                decode_kv = int(decoding * self.model.kv_per_row)
+            if prefill_rows is None:
+                prefill_rows = [(int(self.model.cached_per_prefill_row), prefill_waiting)] if prefill_waiting else []
+            budget = self._decode_target(decoding, decode_kv, prefill_rows)
         self.last = budget
         return budget
 
-    def _decode_target(self, decoding: int, prefill_waiting: int, decode_left: float) -> Budget:
+    def _decode_target(self, decoding: int, decode_kv: int, rows: list[tuple[int, int]]) -> Budget:
         cap = max(self.decode_max_tokens, decoding)
-        decode_ms = self.model.decode_step_ms(decoding)
-        fit = self.model.line()
-        if decode_ms is None or fit is None:
+        if not self.model.ready:
+            self.backlog = False
             return Budget(min(cap, max(COLD_TOKENS, decoding + MIN_CHUNK)), "decode_target")
-        per_token = fit[1]
-        target = self.itl_target_ms or DECODE_FACTOR * decode_ms
-        largest = decode_ms + per_token * max(0, self.max_batch_tokens - decoding)
-        if self.itl_target_ms is None and prefill_waiting * per_token > decode_left * decode_ms and largest > target:
-            # prefill first, eagerly past the graphs: such a step is compute-bound, its launch hides behind it
-            return Budget(max(self.max_batch_tokens, decoding), "decode_target", largest)
-        chunk = int((target - decode_ms) / per_token + 1e-9)
-        tokens = max(decoding + MIN_CHUNK, min(cap, decoding + chunk))
-        snapped = [t for t in self.graph_tokens if decoding + MIN_CHUNK <= t <= tokens]
+        model = self.model
+
+        def step_ms(chunk: int, attention: bool = True) -> float:
+            return model.predict(StepShape.with_chunk(decoding, decode_kv, rows, chunk), attention)
+
+        derived = self.itl_target_ms is None
+        target = DECODE_FACTOR * step_ms(0) if derived else self.itl_target_ms
+        room = cap - decoding
+        chunk = _largest_within(step_ms, room, target)
+        waiting = sum(todo for _cached, todo in rows)
+        if derived and waiting:
+            steps = math.ceil(waiting / max(chunk, MIN_CHUNK))
+            self.backlog = steps > (BACKLOG_EXIT_STEPS if self.backlog else BACKLOG_STEPS)
+        else:
+            self.backlog = False
+        if self.backlog:
+            chunk = self._efficient_chunk(step_ms, decoding, waiting)
+            return Budget(decoding + chunk, "decode_target", step_ms(chunk))
+        lo = decoding + MIN_CHUNK
+        tokens = max(lo, min(cap, decoding + chunk))
+        knee = min(room, math.ceil(model.knee_tokens())) if derived else 0
+        if decoding + knee > tokens:        # never below the knee: snap up to the graph that holds it
+            up = [t for t in self.graph_tokens if t >= decoding + knee]
+            return Budget(min(up) if up else decoding + knee, "decode_target", target)
+        snapped = [t for t in self.graph_tokens if lo <= t <= tokens]
         return Budget(snapped[-1] if snapped else tokens, "decode_target", target)
 
-    def observe(self, tokens: int, ms: float | None, decode_only: bool) -> None:
-        """A consumed step's token count and device time (None when it could not be read)."""
-        if ms is not None:
-            self.model.observe(tokens, ms, decode_only)     # fixed budgets too: the model is shown either way
+    def _efficient_chunk(self, step_ms, decoding: int, waiting: int) -> int:
+        """The smallest chunk whose step costs, per prompt token, within BACKLOG_EFFICIENCY of the cheapest step
+        size. The attention is left out of that cost: however the prompts are cut, their chunks' attention sums
+        to the same, so it says nothing about which cut is cheaper. Candidates: the mixed graphs' sizes, then
+        powers of two past them (eager, compute-bound), and the largest step; none past what is waiting."""
+        room = max(self.max_batch_tokens - decoding, MIN_CHUNK)
+        sizes = {t - decoding for t in self.graph_tokens if t - decoding >= MIN_CHUNK}
+        sizes |= {self.decode_max_tokens - decoding, room}
+        size = 2 * self.decode_max_tokens
+        while size < room:
+            sizes.add(size - decoding)
+            size *= 2
+        sizes = sorted({min(max(c, MIN_CHUNK), room, max(waiting, MIN_CHUNK)) for c in sizes if c > 0})
+        per_token = [(c, step_ms(c, attention=False) / min(c, max(waiting, 1))) for c in sizes]
+        best = min(p for _c, p in per_token)
+        return next(c for c, p in per_token if p <= best * (1 + BACKLOG_EFFICIENCY))
+
+    def observe(self, tokens: int, ms: float | None, decode_only: bool, shape: StepShape | None = None) -> None:
+        """A consumed step's token count, device time (None when it could not be read) and, when the caller has
+        it, its shape (StepShape.of(plan.seqs)); without one, the step counts as decode rows or prefill tokens
+        with no context."""
+        if ms is not None:                  # fixed budgets too: the model is shown either way
+            if shape is None:
+                shape = StepShape(decode_rows=tokens) if decode_only else StepShape(prefill_tokens=tokens)
+            self.model.observe(shape, ms)
         self._since_publish += 1
         if self._since_publish >= PUBLISH_EVERY or self.model.steps <= PUBLISH_EVERY:    # the first steps at once
             self.publish()
@@ -228,6 +421,23 @@ class StepBudget:
                   "max_tokens": self.max_batch_tokens, "decode_max_tokens": self.decode_max_tokens,
                   "itl_target_ms": self.itl_target_ms, "decode_factor": None if self.itl_target_ms else DECODE_FACTOR,
                   "step_time_model": self.model.describe(),
-                  "last": self.last.as_dict() if self.last is not None else None}
+                  "last": self.last.as_dict() if self.last is not None else None,
+                  "backlog": self.backlog}
         for key, value in values.items():
             self.snapshot[key] = value
+
+
+def _largest_within(step_ms, room: int, target: float) -> int:
+    """The largest chunk in [0, room] whose predicted step is within target (step_ms rises with the chunk)."""
+    if room <= 0 or step_ms(0) > target:
+        return 0
+    if step_ms(room) <= target:
+        return room
+    lo, hi = 0, room                        # step_ms(lo) <= target < step_ms(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if step_ms(mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
