@@ -153,7 +153,7 @@ SOURCE = {
     "properties": {
         "tool": {"type": "string"},
         "format": {"type": "string"},
-        "engine": {"enum": ["batchscope", "vllm", "sglang", "transformers", "unknown"]},
+        "engine": {"enum": ["batchscope", "vllm", "sglang", "transformers", "atom", "unknown"]},
         "engine_evidence": {"type": "string"},
         "vendor": {"type": "string"},
         "files": {"type": "array", "items": {"type": "object", "required": ["name", "rank"]}},

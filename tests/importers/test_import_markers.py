@@ -194,3 +194,16 @@ def test_a_loop_that_launches_ahead_of_the_device_is_inferred_async(tmp_path):
     tl = imported(tr, tmp_path)
     assert {s["mode"] for s in tl["steps"]} == {"async"}
     assert "mode" in tl["meta"]["source"]["inferred"]
+
+
+def test_atom_steps_carry_their_counts_and_name_the_engine(tmp_path):
+    tr = KinetoTrace()
+    tr.annotation("prefill[bs=3 tok=900 ctx=0]", 0, 50)
+    tr.launch(5, 2, kernel_at=10, kernel_dur=30)
+    tr.annotation("decode[bs=16/32 tok=16]", 100, 40)
+    tr.launch(105, 2, kernel_at=110, kernel_dur=20)
+    tl = imported(tr, tmp_path)
+    s0, s1 = tl["steps"]
+    assert tl["meta"]["source"]["engine"] == "atom"
+    assert (s0["prefill_tokens"], s0["decode_tokens"], s0["num_requests"]) == (900, 0, 3)
+    assert (s1["prefill_tokens"], s1["decode_tokens"], s1["num_requests"]) == (0, 16, 16)

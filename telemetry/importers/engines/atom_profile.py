@@ -1,6 +1,5 @@
-"""ATOM (ROCm's inference engine). Step markers: `prefill[bs=B tok=T ...]`, `decode[bs=B tok=T ...]`. The timeline
-schema's `meta.source.engine` has no value for it yet, so its traces split by these markers report the engine as
-"unknown" unless other evidence names one (`reported=False`)."""
+"""ATOM (ROCm's inference engine). Step markers: `prefill[bs=B tok=T ...]`, `decode[bs=B tok=T ...]`; a trace split
+by them reports `meta.source.engine` "atom"."""
 from __future__ import annotations
 
 import re
@@ -21,5 +20,4 @@ def parse(name: str) -> dict | None:
 PROFILE = EngineProfile(
     name="atom",
     markers=(MarkerKind("atom", 40, "ATOM's prefill[...]/decode[...] annotations", parse),),
-    reported=False,
 )
