@@ -10,7 +10,7 @@ import html
 from typing import Any, Callable
 
 from ..loadtest.statuses import ABStatus, BurstResults, LoadStatus
-from .page_html import error_html, number_text, progress_html, results_html
+from .page_html import busy_label, error_html, number_text, progress_html, results_html
 
 SAME_WITHIN = 0.02          # ratios within 2% of 1 read "about the same": run-to-run noise, not a verdict
 
@@ -113,7 +113,7 @@ def ab_groups(res: BurstResults | None) -> list[tuple[str, str | None, list[Row]
         ("throughput and busy: higher is better ↑", "higher", [
             ("output tokens/s", "", lambda r: r.output_tokens_per_s, 1),
             ("requests/s", "", lambda r: r.requests_per_s, 2),
-            (_busy_label(res), "%", lambda r: r.busy_pct, 1)]),
+            (busy_label(((res.telemetry if res else None) or {}).get("busy_basis")), "%", lambda r: r.busy_pct, 1)]),
         # utilization explains a result rather than being one: no verdict on it
         ("context: no better or worse", None, [
             ("NVML util, mean" if nvml else "host CPU, mean", "%",
@@ -138,11 +138,6 @@ def verdict(sync: Any, async_: Any, better: str | None) -> tuple[str, str]:
         return "bs-same", f"×{ratio:.2f} {arrow}"
     good = (ratio < 1) == (better == "lower")
     return ("bs-better", f"×{ratio:.2f} {arrow} better") if good else ("bs-worse", f"×{ratio:.2f} {arrow} worse")
-
-
-def _busy_label(res: BurstResults | None) -> str:
-    basis = ((res.telemetry if res else None) or {}).get("busy_basis")
-    return "compute busy" + (" (host spans)" if basis == "host" else " (events)")
 
 
 def ab_compare_html(ab: ABStatus) -> str:

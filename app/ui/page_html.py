@@ -97,11 +97,11 @@ def replay_busy(timeline: dict) -> tuple[str, str, str]:
     value = "–" if v is None else f"{v:.1f}%"
     if s.get("busy_basis") == "device_ops":
         steps = s.get("busy_pct_steps")
-        return "busy (device ops)", value, DEVICE_BUSY_TITLE + (
+        return busy_label("device_ops"), value, DEVICE_BUSY_TITLE + (
             f" Between steps only (the steps' compute spans): {steps:.1f}%." if steps is not None else "")
     if s.get("busy_basis") == "host":
-        return "busy (host)", value, "the share of the recording the forward's host spans cover (no device events)"
-    return "busy (events)", value, "the share of the recording the steps' compute spans cover (CUDA events)"
+        return busy_label("host"), value, "the share of the recording the forward's host spans cover (no device events)"
+    return busy_label("events"), value, "the share of the recording the steps' compute spans cover (CUDA events)"
 
 
 def header_html(state) -> str:
@@ -138,7 +138,7 @@ def header_html(state) -> str:
                         f'<b id="bs-st-busy">{e(value)}</b></span>')
     stats = ("".join(f'<span class="bs-stat{cls}"{title}>{label} <b id="{i}">–</b></span>' for label, i, title, cls in (
         ("running", "bs-st-running", "", ""), ("queue", "bs-st-queue", "", " bs-minor"), ("KV", "bs-st-kv", "", " bs-minor"),
-        ("busy (events)" if b["nvml"] else "busy (host)", "bs-st-busy", busy_title, ""),
+        (busy_label("events" if b["nvml"] else "host"), "bs-st-busy", busy_title, ""),
         (*cpu, f' title="{e(CPU_STAT_TITLE)}"' if not b["nvml"] else "", " bs-minor"),
         ("out tok/s", "bs-st-tps", busy_title, ""), ("TTFT p50", "bs-st-ttft", "", " bs-minor")))
         if live else replay_stats + '<span class="bs-stat">replay of a recorded timeline: no model loaded, live '
@@ -277,16 +277,25 @@ def results_html(res: BurstResults | None, table_id: str = "bs-burst-results") -
                     + "".join(f"<td>{number_text(v)}</td>" for v in (p.p50, p.p90, p.p99)) + "</tr>")
     util_label, util = _util(res)
     extra = [("output tokens/s", res.output_tokens_per_s, 1), ("requests/s", res.requests_per_s, 2),
-             (_busy_label(res), res.busy_pct, 1), (util_label, util, 1), ("requests completed", res.completed, 0),
+             (result_busy_label(res), res.busy_pct, 1), (util_label, util, 1), ("requests completed", res.completed, 0),
              ("requests failed", res.failed or None, 0), ("wall time s", res.duration_s, 2)]
     tail = "".join(f'<tr><th>{label}</th><td colspan="3">{number_text(v, d)}</td></tr>' for label, v, d in extra if v is not None)
     return (f'<table id="{table_id}" class="bs-table"><thead><tr><th></th><th>p50</th><th>p90</th><th>p99</th></tr>'
             f'</thead><tbody>{"".join(rows)}{tail}</tbody></table>')
 
 
-def _busy_label(res: BurstResults | None) -> str:
-    basis = ((res.telemetry if res else None) or {}).get("busy_basis")
-    return "compute busy % (host spans)" if basis == "host" else "GPU busy % (events)"
+# What "busy" is called for each way it was measured: the same words as assets/js/palette.js's busyLabel (the
+# page's one source; tests/unit/test_ui_words.py holds the two together).
+BUSY_LABEL = {"events": "busy (events)", "host": "busy (host)", "device_ops": "busy (device ops)"}
+
+
+def busy_label(basis: str | None) -> str:
+    return BUSY_LABEL.get(basis or "events", BUSY_LABEL["events"])
+
+
+def result_busy_label(res: BurstResults | None) -> str:
+    """A result's busy % row, named for how its telemetry measured it."""
+    return busy_label(((res.telemetry if res else None) or {}).get("busy_basis")) + " %"
 
 
 def _util(res: BurstResults | None) -> tuple[str, Any]:

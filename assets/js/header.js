@@ -4,6 +4,7 @@
  * device and NVML; back to live puts the engine's back. */
 import { api, socket } from "./api.js";
 import { state } from "./feed.js";
+import { busyLabel } from "./palette.js";
 import { $, fmt, note, setText } from "./util.js";
 
 const CONN_TEXT = { live: "live", connecting: "connecting…", reconnecting: "reconnecting…", error: "offline",
@@ -139,7 +140,7 @@ export function showView() {
 // engine's counters while a replay is shown, labelled "live engine".)
 function showReplayBusy(sm) {
   const basis = sm.busy_basis;
-  setText("bs-st-busy-label", basis === "device_ops" ? "busy (device ops)" : basis === "host" ? "busy (host)" : "busy (events)");
+  setText("bs-st-busy-label", busyLabel(basis));
   setText("bs-st-busy", sm.busy_pct === null || sm.busy_pct === undefined ? "–" : fmt(sm.busy_pct, 1) + "%");
 }
 

@@ -75,6 +75,3 @@ export function switchesLabel(changes) {
   const ab = changes.some(c => c.reason && /^A\/B/.test(c.reason)) ? " · A/B" : "";
   return `${changes.length} switches${steps}${ab}`;
 }
-
-// Text colours of the two modes that keep 4.5:1 on white (the chart colours themselves are lighter).
-export const MODE_INK = { sync: "#c2410c", async: "#1d4ed8" };

@@ -2,14 +2,15 @@
  * markers, and `draw`, which also makes a zoom on any chart apply to all of them. */
 import { replayRange, state } from "./feed.js";
 import { syncControls } from "./controls.js";
-import { MODE_INK, switchLabel, switchesLabel } from "./names.js";
+import { switchLabel, switchesLabel } from "./names.js";
+import { MODE_COLOR, MODE_INK } from "./palette.js";
 
 export const HOST = ["schedule", "fill", "launch", "wait", "update"];
 export const GPU = ["h2d", "compute", "d2h"];
 export const COLOR = {
   schedule: "#6366f1", fill: "#ec4899", launch: "#06b6d4", wait: "#cbd5e1", update: "#14b8a6",
   h2d: "#f59e0b", compute: "#16a34a", d2h: "#a855f7", allreduce: "#14532d",
-  sync: "#ea580c", async: "#2563eb",
+  ...MODE_COLOR,
 };
 // Idle gaps are coloured by what the host was doing meanwhile: a host phase keeps that phase's colour.
 // "empty_queue" (no request at all) is not the host's fault: grey. "host_other" is loop overhead between spans;

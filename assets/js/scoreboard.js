@@ -9,6 +9,7 @@ import { currentData, shownBoard, state } from "./feed.js";
 import { NOT_IN_TRACE, notInTrace } from "./unknown.js";
 import { rankTableHtml } from "./ranks.js";
 import { causeLabel } from "./names.js";
+import { busyLabel } from "./palette.js";
 import { $, esc } from "./util.js";
 
 const fmtNum = (v, digits) => (v === null || v === undefined || !isFinite(v) ? "–"
@@ -18,7 +19,7 @@ const unit = u => `<small class="bs-unit">${u}</small>`;
 const ROWS = [
   { key: "ms_per_step", label: "ms / step", hint: "median step time, compute start to the next step's (all steps of the stretch, warm-up left out)", fmt: v => fmtNum(v, 2) },
   { key: "decode_tokens_per_s", label: "decode tok/s", hint: "decode tokens per second: steps without prefill, over their own periods", fmt: v => fmtNum(v, 0) },
-  { key: "busy_pct", label: "GPU busy", hint: "share of the working time the device computed (CUDA events on a GPU, the forward's host span on a CPU); pauses with no request left out", fmt: v => (v === null || v === undefined ? "–" : fmtNum(v, 1) + unit("%")) },
+  { key: "busy_pct", label: busyLabel("events"), hint: "share of the working time the device computed (CUDA events on a GPU, the forward's host span on a CPU); pauses with no request left out", fmt: v => (v === null || v === undefined ? "–" : fmtNum(v, 1) + unit("%")) },
   { key: "idle_us_per_step", label: "idle / step", hint: "GPU idle gap before each step, on average (empty-queue time left out)", fmt: v => (v === null || v === undefined ? "–" : v >= 1000 ? fmtNum(v / 1000, 2) + unit("ms") : fmtNum(v, 0) + unit("µs")) },
 ];
 
@@ -131,8 +132,8 @@ function boardHtml(b, live) {
   const s = b.modes.sync || {}, a = b.modes.async || {};
   const hostBasis = s.busy_basis === "host" || a.busy_basis === "host";
   const deviceBasis = s.busy_basis === DEVICE_BASIS || a.busy_basis === DEVICE_BASIS;
-  const label = r => (r.key === "busy_pct" && hostBasis ? "busy (host)" : r.key === "busy_pct" && deviceBasis
-    ? "device busy" : r.label);
+  const label = r => (r.key === "busy_pct" ? busyLabel(hostBasis ? "host" : deviceBasis ? DEVICE_BASIS : "events")
+    : r.label);
   const hint = r => (r.key === "busy_pct" && deviceBasis ? DEVICE_HINT : r.hint);
   const unknown = notInTrace(currentData());
   const cell = (r, f) => (f.steps && f[r.key] === null && UNKNOWN_FROM[r.key] && unknown.has(UNKNOWN_FROM[r.key])

@@ -15,6 +15,7 @@ import { showReplay, showModeLock, syncControls } from "./controls.js";
 import { currentData, headSample, state } from "./feed.js";
 import { requestMode, setConn, showServerCpu, showView } from "./header.js";
 import { updateBoard, verdictHtml } from "./scoreboard.js";
+import { busyLabel } from "./palette.js";
 import { $, esc, fmt, note, setText } from "./util.js";
 
 const TICK_MS = 500;
@@ -146,11 +147,11 @@ function showAB(st) {
   const s = st.sync || {}, a = st.async || {};
   const tps = st.speedup ? `<b class="bs-ab-big">${st.speedup.toFixed(2)}×</b> output tokens/s in async` : "";
   const busy = (x) => (x.busy_pct === null || x.busy_pct === undefined ? "–" : fmt(x.busy_pct, 1) + "%");
-  // "GPU busy" only where a device computed: on a CPU the figure is the host spans'
+  // measured with events only where a device computed: on a CPU the figure is the host spans'
   const onHost = [s, a].some(x => ((x.telemetry || {}).busy_basis) === "host") || !!$("bs-nogpu");
   el.innerHTML = `<div class="bs-ab-head">A/B · ${st.requests_per_half} requests each half</div>` +
     `<div class="bs-ab-result">${tps}</div>` +
-    `<div class="bs-ab-busy">${onHost ? "busy (host)" : "GPU busy"} <span class="sync">sync ${busy(s)}</span> → <span class="async">async ${busy(a)}</span></div>` +
+    `<div class="bs-ab-busy">${busyLabel(onHost ? "host" : "events")} <span class="sync">sync ${busy(s)}</span> → <span class="async">async ${busy(a)}</span></div>` +
     verdictHtml(st.compare, "bs-ab-verdict");
   el.dataset.state = st.state;
   el.dataset.verdict = (st.compare && st.compare.verdict) || "";
