@@ -1,5 +1,6 @@
-/* The six small charts under the Gantt: busy % (events vs NVML, with the SM clock), throughput, batch composition,
- * KV cache, queue depth, and step interval vs idle gap. Every chart shares the x range and the sync/async tint.
+/* The small charts under the Gantt, each one registerChart call (below): busy % (events vs NVML, with the SM
+ * clock), throughput, batch composition, KV cache, queue depth, and step interval vs idle gap. Every chart shares
+ * the x range and the sync/async tint.
  *
  * Each chart is drawn on its own (drawChart), from a context made once per picture (chartContext), so the
  * redraw scheduler can spread a picture over several turns of the event loop. The rates are re-binned to the
@@ -11,7 +12,27 @@ import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, chartMargin, draw, fontPx
   titled, warmupShapes } from "./plot.js";
 import { $ } from "./util.js";
 
-export const CHARTS = ["bs-c-busy", "bs-c-tps", "bs-c-batch", "bs-c-kv", "bs-c-queue", "bs-c-step"];
+// ---------------------------------------------------------------- the registry
+// A chart is one registerChart call: its element id, the function that draws it from a picture's context, and
+// whether it shows per-step values only (then a picture that only slides the live window moves its axis instead
+// of drawing it again). controls.js makes an element for each, in this order; redraw.js draws each.
+const REGISTRY = new Map();
+export const CHARTS = [];                  // the ids, in the order they are shown
+
+export function registerChart(id, draw, { perStep = false } = {}) {
+  if (!REGISTRY.has(id)) CHARTS.push(id);
+  REGISTRY.set(id, { id, draw, perStep });
+}
+
+export const isPerStep = id => !!(REGISTRY.get(id) || {}).perStep;
+
+registerChart("bs-c-busy", drawBusy);
+registerChart("bs-c-tps", drawThroughput);
+registerChart("bs-c-batch", drawBatch, { perStep: true });
+registerChart("bs-c-kv", drawKv, { perStep: true });
+registerChart("bs-c-queue", drawQueue, { perStep: true });
+registerChart("bs-c-step", drawStepInterval, { perStep: true });
+
 const CHART_HEIGHT = 210;
 const POINTS = 120;                        // points across the window for the rates
 const MIN_STEPS_PER_POINT = 4;             // fewer, and a busy % of whole and empty steps saws up and down
@@ -38,8 +59,7 @@ export function drawChart(id, ctx) {
   const el = $(id);
   if (!el) return;
   if (el.dataset.empty) delete el.dataset.empty;
-  ({ "bs-c-busy": drawBusy, "bs-c-tps": drawThroughput, "bs-c-batch": drawBatch, "bs-c-kv": drawKv,
-     "bs-c-queue": drawQueue, "bs-c-step": drawStepInterval })[id](el, ctx);
+  REGISTRY.get(id).draw(el, ctx);
 }
 
 // ---------------------------------------------------------------- rates: busy % and tokens/s

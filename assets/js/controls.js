@@ -1,6 +1,8 @@
 /* The toolbar above the charts: pause and window width, downloads, named recordings, loading a replay, and
- * the replay bar. It builds the chart containers too (#bs-gantt, #bs-c-*), inside #bs-scope. */
+ * the replay bar. It builds the chart containers too (#bs-gantt, and one per chart charts.js registers), inside
+ * #bs-scope. */
 import { api, withToken } from "./api.js";
+import { CHARTS } from "./charts.js";
 import { followLive, normalise, replayRange, state, tensorParallel } from "./feed.js";
 import { notInTrace } from "./unknown.js";
 import { setConn } from "./header.js";
@@ -48,12 +50,7 @@ function scopeHtml() {
     <div class="bs-gantt-wrap"><canvas id="bs-gantt-canvas"></canvas><div id="bs-gantt" class="bs-plot bs-gantt"></div></div>
     <div id="bs-legend" class="bs-legend"></div>
     <div class="bs-grid">
-      <div id="bs-c-busy" class="bs-plot bs-chart"></div>
-      <div id="bs-c-tps" class="bs-plot bs-chart"></div>
-      <div id="bs-c-batch" class="bs-plot bs-chart"></div>
-      <div id="bs-c-kv" class="bs-plot bs-chart"></div>
-      <div id="bs-c-queue" class="bs-plot bs-chart"></div>
-      <div id="bs-c-step" class="bs-plot bs-chart"></div>
+      ${CHARTS.map(id => `<div id="${id}" class="bs-plot bs-chart"></div>`).join("\n      ")}
     </div>`;
 }
 

@@ -1,6 +1,6 @@
 /* When to draw a picture, and drawing it in slices so that the page never stalls.
  *
- * A picture is the Gantt and the six charts for one snapshot: the data and the window [lo, hi]. Plotly needs
+ * A picture is the Gantt and the charts (those charts.js registers) for one snapshot: the data and the window [lo, hi]. Plotly needs
  * about 10 ms a chart on a small machine, so a picture is drawn as a queue of tasks (the Gantt's ink, the other
  * tensor-parallel ranks' ink if any, the Gantt, the charts' shared numbers, then one task per chart), each in its
  * own turn of the event loop: input, Pause and painting get in between. All tasks of a picture draw the same
@@ -12,7 +12,7 @@
  * empty window waits for the next step. A frozen window is drawn again only when asked. Charts out of sight
  * are skipped and drawn when they come back; a chart of per-step values whose steps have not changed only has
  * its axis moved. */
-import { CHARTS, chartContext, drawChart } from "./charts.js";
+import { CHARTS, chartContext, drawChart, isPerStep } from "./charts.js";
 import { currentData, currentRange, onDirty, state, stepsIn, tensorParallel } from "./feed.js";
 import { prepareGantt, prepareRanks, showGantt } from "./gantt.js";
 import { moveRange, presentHeight, textScale } from "./plot.js";
@@ -23,7 +23,6 @@ const CPU_SHARE = 0.12;                    // under load, pictures take at most 
                                            // own work (the renderer spends about as much again around it)
 const IDLE_PERIOD_MS = 4000;
 const IDLE_CPU_SHARE = 0.01;               // an idle engine's window slides for at most 1% of a core
-const STEP_CHARTS = new Set(["bs-c-batch", "bs-c-kv", "bs-c-queue", "bs-c-step"]);   // per-step values only
 
 // What drawing costs, for tests and the curious: window.batchscope.perf.
 export const perf = {
@@ -198,7 +197,7 @@ function unchanged(id, snap) {
 // to move. A jump right from an older window (a slowest request, a CDF point) is drawn afresh.
 function movable(id, snap, el) {
   const s = shown.get(id), steps = snap.d.steps, last = steps[steps.length - 1];
-  return STEP_CHARTS.has(id) && snap.data === "live" && !!el.layout && !!s && s.stepGen === snap.stepGen &&
+  return isPerStep(id) && snap.data === "live" && !!el.layout && !!s && s.stepGen === snap.stepGen &&
     s.width === el.clientWidth && s.scale === textScale() && snap.lo >= s.lo && snap.hi >= s.hi &&
     (!last || last._s <= s.hi);
 }
