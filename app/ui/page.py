@@ -3,12 +3,13 @@
 The server mounts it with `gr.mount_gradio_app(app, build_ui(state), path="/", head=HEAD, css=CSS, theme=THEME)`.
 Split of work:
 - Python handlers (generate_tab.py for the Generate tab, load_tab.py for the Load test tab, sweep_tab.py for the
-  Sweep tab, whose charts are Plotly figures built here: sweep_figures.py) call AppState for
+  Sweep tab, whose charts the page draws: the handler only says what to draw) call AppState for
   what has a beginning and an end: a streamed generation, a burst, an A/B run, a continuous load. Gradio's queue
   streams their progress back. page_html.py and load_html.py render the HTML they show. Each handler's first
   update clears what the last attempt left (an old error) and marks its button busy; its last one gives the
   button back.
-- assets/js owns everything live: the websocket feed, the charts, the mode toggle (so the page always shows the
+- assets/js owns everything drawn: the websocket feed, every chart (the live scope's and the Sweep tab's, from the
+  API's JSON, with one table of colours: palette.js), the mode toggle (so the page always shows the
   engine's mode, also when someone switches it through the API), downloads, recordings and replay.
 With `state.engine is None` (`batchscope replay FILE`) the live controls are disabled and the charts show the replay.
 """

@@ -285,7 +285,7 @@ def results_html(res: BurstResults | None, table_id: str = "bs-burst-results") -
 
 
 # What "busy" is called for each way it was measured: the same words as assets/js/palette.js's busyLabel (the
-# page's one source; tests/unit/test_ui_words.py holds the two together).
+# page's one source; tests/unit/test_sweep_figures_js.py holds the two together).
 BUSY_LABEL = {"events": "busy (events)", "host": "busy (host)", "device_ops": "busy (device ops)"}
 
 

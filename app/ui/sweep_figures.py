@@ -1,24 +1,34 @@
-"""The Sweep tab's charts, built on the server as Plotly figures (gr.Plot draws them): latency against throughput
-for each mode and each foreign report overlaid, with knees and the rate where each mode leaves the SLOs; the
-engine's busy % and ms/step with SLO attainment per point; and the latency distributions (CDFs or histograms)
-of chosen points or load-test runs. A CDF's points carry the engine id of their request (customdata), when its
-values came with ids: the page (assets/js/tail.js) jumps the Gantt to that request's lifetime when one is clicked.
+"""The Sweep tab's two charts for a saved sweep, as Plotly figures built in Python, for benchmarks/sweep_figure.py
+(a sweep run on a box without a browser, drawn later as an HTML page and a PNG): latency against throughput for
+each mode with knees, SLO lines and the rate where each mode leaves the SLOs; the engine's busy % and ms/step with
+SLO attainment per point. The page itself draws these charts with Plotly.js (assets/js/sweep_figures.js), and its
+colours are read from the page's one table of them, assets/js/palette.js.
 
-Pure functions of a sweep's status as JSON (app/loadtest/sweep/progress.py) and of raw values, so they are checked
-without a browser. A series is {"name", "color", "points", "summary"} (a mode of ours, or a foreign report's).
+Pure functions of a sweep's status as JSON (app/loadtest/sweep/progress.py). A series is {"name", "color",
+"points", "summary"} (a mode of ours, or a foreign report's).
 """
 from __future__ import annotations
+
+import re
+from importlib import resources
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..loadtest.client_timing import ids_key
+from .page_html import busy_label
 
-MODE_COLORS = {"sync": "#ea580c", "async": "#2563eb"}      # the page's own (assets/style.css: --bs-sync, --bs-async)
-FOREIGN_COLORS = ("#059669", "#7c3aed", "#6b7280", "#b45309", "#db2777")
+
+def _palette() -> tuple[dict[str, str], tuple[str, ...]]:
+    """MODE_COLOR and FOREIGN_COLORS as assets/js/palette.js writes them."""
+    text = (resources.files("batchscope.assets") / "js" / "palette.js").read_text(encoding="utf-8")
+    modes = re.search(r"export const MODE_COLOR = \{([^}]*)\}", text).group(1)
+    foreign = re.search(r"export const FOREIGN_COLORS = \[([^\]]*)\]", text).group(1)
+    return dict(re.findall(r'(\w+): "(#[0-9a-fA-F]{6})"', modes)), tuple(re.findall(r'"(#[0-9a-fA-F]{6})"', foreign))
+
+
+MODE_COLORS, FOREIGN_COLORS = _palette()
 X_AXES = {"requests_per_s": "throughput (requests/s)", "output_tokens_per_s": "throughput (output tokens/s)"}
 CURVE_ROWS = (("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)"), ("e2e_ms", "E2E (ms)"))
-DIST_ROWS = (("ttft_ms", "TTFT (ms)"), ("itl_ms", "ITL (ms)"), ("tpot_ms", "TPOT (ms)"), ("e2e_ms", "E2E (ms)"))
 FONT = {"family": "Inter, ui-sans-serif, system-ui, sans-serif", "size": 11}
 
 
@@ -143,9 +153,10 @@ def _slo_exit(fig: go.Figure, s: dict, x_key: str) -> None:
 
 
 def engine_figure(series: list[dict], target: float | None, x_key: str = "requests_per_s") -> go.Figure:
-    """Per point: event busy % and ms/step (our modes: the engine's own telemetry), SLO attainment (every series)."""
+    """Per point: busy % and ms/step (our modes: the engine's own telemetry), SLO attainment (every series)."""
+    basis = next((p.get("busy_basis") for s in series for p in s["points"] if p.get("busy_basis")), None)
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=["event busy (%)", "ms per step (median)", "SLO attainment"])
+                        subplot_titles=[busy_label(basis) + " %", "ms per step (median)", "SLO attainment"])
     if not any(s["points"] for s in series):
         return _layout(_empty(fig, "no sweep yet"), 520)
     rows = (("busy_pct", 1, "%{y:.1f} %"), ("ms_per_step", 2, "%{y:.2f} ms"), ("slo_attainment", 3, "%{y:.1%}"))
@@ -167,61 +178,3 @@ def engine_figure(series: list[dict], target: float | None, x_key: str = "reques
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=3, col=1)
     fig.update_xaxes(title_text=X_AXES[x_key], row=3, col=1)
     return _layout(fig, 560)
-
-
-CLICK_HINT = "click: show this request's steps"
-
-
-def value_ids(values: dict, key: str) -> list | None:
-    """The engine ids that go with values[key], one per value, or None: the latency's own list (a continuous
-    load's, and a sweep point's gaps: ids_key), else, for a per-request latency, the shared `request_id`."""
-    ids = values.get(ids_key(key))
-    if ids is None and key != "itl_ms":
-        ids = values.get("request_id")
-    return ids if ids is not None and len(ids) == len(values.get(key) or []) else None
-
-
-def without_ids(values: dict) -> dict:
-    """Values with their ids left out: another server's requests, which no timeline here holds."""
-    return {k: v for k, v in values.items() if not k.endswith("request_id")}
-
-
-def _sorted_with_ids(values: dict, key: str) -> tuple[list[float], list | None]:
-    vals, ids = values.get(key) or [], value_ids(values, key)
-    pairs = sorted(((v, ids[i] if ids is not None else None) for i, v in enumerate(vals) if v is not None),
-                   key=lambda p: p[0])
-    return [v for v, _ in pairs], ([i for _, i in pairs] if ids is not None else None)
-
-
-def distribution_figure(dists: list[dict], kind: str = "cdf") -> go.Figure:
-    """TTFT, ITL, TPOT and E2E of each entry ({"name", "color", "values"}) overlaid: CDFs (the hover reads the
-    percentile) or histograms (share of values per bin). A CDF point carries its request's engine id as customdata
-    (each ITL gap the id of its request) when the values came with ids, and its hover says a click shows it."""
-    fig = make_subplots(rows=4, cols=1, vertical_spacing=0.07, subplot_titles=[t for _, t in DIST_ROWS])
-    if not any(any((d.get("values") or {}).get(k) for k, _ in DIST_ROWS) for d in dists):
-        return _layout(_empty(fig, "no values to draw: pick a sweep point or a load-test run"), 760)
-    for row, (key, title) in enumerate(DIST_ROWS, 1):
-        for d in dists:
-            vals, ids = _sorted_with_ids(d.get("values") or {}, key)
-            if not vals:
-                continue
-            common = {"name": d["name"], "legendgroup": d["name"], "showlegend": row == 1,
-                      "marker": {"color": d["color"]}}
-            if kind == "hist":
-                fig.add_trace(go.Histogram(x=vals, histnorm="percent", opacity=0.55, nbinsx=40, **common,
-                                           hovertemplate=f"<b>{d['name']}</b> %{{x}} ms<br>%{{y:.1f}} % of "
-                                                         f"values<extra></extra>"), row=row, col=1)
-                continue
-            n = len(vals)
-            which = f" · %{{customdata}}<br><i>{CLICK_HINT}</i>" if ids is not None else ""
-            fig.add_trace(go.Scatter(x=vals, y=[100.0 * (i + 1) / n for i in range(n)], mode="lines",
-                                     line={"color": d["color"], "width": 2, "shape": "hv"}, customdata=ids, **common,
-                                     hovertemplate=f"<b>{d['name']}</b> {title.split(' ')[0]}<br>"
-                                                   f"p%{{y:.1f}} = %{{x:,.2f}} ms{which}<extra></extra>"),
-                          row=row, col=1)
-    if kind == "hist":
-        fig.update_layout(barmode="overlay")
-        fig.update_yaxes(title_text="% of values")
-    else:
-        fig.update_yaxes(range=[0, 100.5], tickvals=[0, 25, 50, 75, 90, 99], title_text="percentile")
-    return _layout(fig, 880)

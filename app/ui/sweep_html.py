@@ -1,5 +1,6 @@
 """The HTML of the Sweep tab that sweep_tab.py shows: a sweep's progress, what each mode's curve says (the highest
-rate meeting the SLOs, where it leaves them, its knees) with the downloads, and what an imported report held.
+rate meeting the SLOs, where it leaves them, its knees) with the downloads, what an imported report held, and the
+empty element each chart is drawn into, whose data-* attributes say what to draw (assets/js/sweep.js reads them).
 
 Pure functions of a sweep's status as JSON (app/loadtest/sweep/progress.py), like load_html.py, so they are checked
 without a browser.
@@ -7,6 +8,7 @@ without a browser.
 from __future__ import annotations
 
 import html
+import json
 
 from .page_html import error_html, number_text
 
@@ -112,3 +114,20 @@ def import_html(report: dict) -> str:
     notes = "".join(f"<li>{e_(n)}</li>" for n in report.get("notes") or [])
     return (f'<div id="bs-sweep-imported" class="bs-load-kind">overlaid: <b>{e_(report["format"])}</b>: {series}'
             f'{"<ul>" + notes + "</ul>" if notes else ""}</div>')
+
+
+def chart_html(fig: str, **asked) -> str:
+    """The element the page draws chart `fig` ("curves", "engine" or "dist") into: what it asks for as data-*
+    attributes (assets/js/sweep.js lists them); a list is comma-separated, except a run's values, which are JSON."""
+    attrs = [f'data-fig="{e_(fig)}"']
+    for key, value in asked.items():
+        if value is None or value == []:
+            continue
+        if key == "values":
+            text = json.dumps(value, separators=(",", ":"))
+        elif isinstance(value, (list, tuple)):
+            text = ",".join(str(v) for v in value)
+        else:
+            text = str(value)
+        attrs.append(f'data-{key}="{html.escape(text, quote=True)}"')
+    return f'<div class="bs-sweep-fig" {" ".join(attrs)}></div>'

@@ -1,8 +1,9 @@
 """The Sweep tab: its fields (modes, points, duration, request lengths, SLOs with their defaults), Start and Stop,
-live progress, and the charts, built on the server as Plotly figures (sweep_figures.py): latency against
-throughput with sync and async overlaid, the engine per point, and the latency distributions of a chosen sweep
-point or of the Load test tab's newest burst, A/B or load. Another tool's report can be uploaded to overlay.
-The HTML is sweep_html.py's; the spec is the same SweepSpec that POST /api/sweep checks.
+live progress, and where its charts go: latency against throughput with sync and async overlaid, the engine per
+point, and the latency distributions of a chosen sweep point or of the Load test tab's newest burst, A/B or load.
+Another tool's report can be uploaded to overlay. The page draws the charts (assets/js/sweep.js) from the API's
+JSON; the handlers here only say what to draw (chart_html). The HTML is sweep_html.py's; the spec is the same
+SweepSpec that POST /api/sweep checks.
 """
 from __future__ import annotations
 
@@ -14,9 +15,7 @@ import gradio as gr
 from ..loadtest.sweep.spec import DEFAULT_ITL_MS, DEFAULT_RATE_POINTS, DEFAULT_TARGET, DEFAULT_TTFT_MS, SLO, SweepSpec
 from .load_tab import CHECK_MODE_LOCK_SOON, refusal
 from .page_html import error_html
-from .sweep_figures import (FOREIGN_COLORS, MODE_COLORS, curves_figure, distribution_figure, engine_figure,
-                            series_of, without_ids)
-from .sweep_html import import_html, point_text, sweep_progress_html, sweep_summary_html
+from .sweep_html import chart_html, import_html, point_text, sweep_progress_html, sweep_summary_html
 
 POLL_S = 0.5
 START, STOP = "Start sweep", "Stop sweep"
@@ -38,12 +37,12 @@ class SweepTab:
     progress: gr.HTML
     summary: gr.HTML
     x_axis: gr.Radio
-    curves: gr.Plot
-    engine: gr.Plot
+    curves: gr.HTML
+    engine: gr.HTML
     choice: gr.Dropdown
     dist_kind: gr.Radio
     refresh: gr.Button
-    dist: gr.Plot
+    dist: gr.HTML
     upload: gr.File
     imported: gr.HTML
     sweep_id: gr.State
@@ -99,8 +98,8 @@ def sweep_charts() -> dict:
     summary = gr.HTML("", elem_id="bs-sweep-summary", js_on_load=None)
     x_axis = gr.Radio([("requests/s", "requests_per_s"), ("output tokens/s", "output_tokens_per_s")],
                       value="requests_per_s", label="throughput axis", elem_id="bs-sweep-x")
-    curves = gr.Plot(curves_figure([], None), elem_id="bs-sweep-curves", show_label=False)
-    engine = gr.Plot(engine_figure([], None), elem_id="bs-sweep-engine", show_label=False)
+    curves = gr.HTML(chart_html("curves"), elem_id="bs-sweep-curves", js_on_load=None)
+    engine = gr.HTML(chart_html("engine"), elem_id="bs-sweep-engine", js_on_load=None)
     gr.Markdown("**Distributions** of one sweep point (sync and async overlaid) or of the Load test tab's newest "
                 "burst, A/B or continuous load", elem_id="bs-sweep-dist-intro")
     with gr.Row():
@@ -108,7 +107,7 @@ def sweep_charts() -> dict:
         refresh = gr.Button("↻ load-test runs", elem_id="bs-sweep-refresh", size="sm", scale=1)
     dist_kind = gr.Radio([("CDF", "cdf"), ("histogram", "hist")], value="cdf", label="as",
                          elem_id="bs-sweep-dist-kind")
-    dist = gr.Plot(distribution_figure([]), elem_id="bs-sweep-dist", show_label=False)
+    dist = gr.HTML(chart_html("dist", kind="cdf"), elem_id="bs-sweep-dist", js_on_load=None)
     return {"summary": summary, "x_axis": x_axis, "curves": curves, "engine": engine, "choice": choice,
             "dist_kind": dist_kind, "refresh": refresh, "dist": dist}
 
@@ -194,7 +193,7 @@ def wire_sweep(state, tab: SweepTab, demo: gr.Blocks) -> None:
 
 
 class SweepViews:
-    """What the tab's handlers draw from the state: figures, choices and distributions of a sweep."""
+    """What the tab's handlers show from the state: progress, choices, and what each chart is to draw."""
 
     def __init__(self, state):
         self.state = state
@@ -207,20 +206,12 @@ class SweepViews:
         except Exception:
             return None
 
-    def _imports(self, ids: list[str]) -> list[dict]:
-        out = []
-        for i in ids or []:
-            try:
-                out.append(self.state.imported_report(i))
-            except Exception:           # forgotten (the server keeps the last few)
-                pass
-        return out
-
     def figures(self, st: dict | None, x_key: str, imports: list[str]) -> tuple:
-        series = series_of(st, self._imports(imports))
-        slo = (st or {}).get("slo")
-        return curves_figure(series, slo, x_key or "requests_per_s"), engine_figure(series, (slo or {}).get("target"),
-                                                                                   x_key or "requests_per_s")
+        """The curves and the engine chart of a sweep, as what the page is to draw (the points drawn so far: a
+        new point is a new picture)."""
+        asked = {"sweep": (st or {}).get("id"), "imports": imports, "x": x_key or "requests_per_s",
+                 "points": (st or {}).get("points_done")}
+        return chart_html("curves", **asked), chart_html("engine", **asked)
 
     def redraw(self, sweep_id, x_key, imports):
         return self.figures(self._status(sweep_id), x_key, imports)
@@ -262,38 +253,18 @@ class SweepViews:
             time.sleep(POLL_S)
 
     def distributions(self, choice, kind, sweep_id, imports):
-        dists = []
+        """What the distributions chart is to draw: a sweep point's values (the page reads them from the sweep's
+        JSON) or a load-test run's (no route serves those: they go along)."""
+        kind = kind or "cdf"
         if choice and choice.startswith("run:"):
             key = choice[4:]
-            for series, values in self.state.load_test_values().get(key, []):
-                dists.append({"name": f"{series} · {key}", "color": MODE_COLORS.get(series, FOREIGN_COLORS[2]),
-                              "values": values})
-        elif choice and choice.startswith("point:") and sweep_id:
-            dists = self._point_dists(int(choice[6:]), sweep_id, imports)
-        return distribution_figure(dists, kind or "cdf")
-
-    def _point_dists(self, i: int, sweep_id: str, imports) -> list[dict]:
-        try:
-            doc = self.state.sweep_run(sweep_id).document()
-        except Exception:
-            return []
-        dists, ours = [], None
-        for mode, curve in doc["modes"].items():
-            if i < len(curve["points"]) and i < len(curve["distributions"]):
-                ours = curve["points"][i]
-                dists.append({"name": f"{mode} · {point_text(ours)}", "color": MODE_COLORS.get(mode, "#111827"),
-                              "values": curve["distributions"][i]})
-        n = 0
-        for rep in self._imports(imports):         # each report's point nearest in throughput to ours
-            for name, curve in rep["modes"].items():
-                near = _nearest(curve, ours)
-                if near is not None:
-                    p, values = near
-                    # (a batchscope file's ids name another server's requests: no click leads to them here)
-                    dists.append({"name": f"{name} · {point_text(p)}",
-                                  "color": FOREIGN_COLORS[n % len(FOREIGN_COLORS)], "values": without_ids(values)})
-                n += 1
-        return dists
+            runs = [[series, values] for series, values in self.state.load_test_values().get(key, [])]
+            return chart_html("dist", kind=kind, run=key, values=runs)
+        if choice and choice.startswith("point:") and sweep_id:
+            st = self._status(sweep_id)
+            return chart_html("dist", kind=kind, sweep=sweep_id, point=int(choice[6:]), imports=imports,
+                              points=(st or {}).get("points_done"))
+        return chart_html("dist", kind=kind)
 
     def add_import(self, raw, sweep_id, x_key, imports, *slo):
         imports = list(imports or [])
@@ -306,12 +277,3 @@ class SweepViews:
         imports.append(report["id"])
         return (import_html(report), *self.figures(self._status(sweep_id), x_key, imports), imports)
 
-
-def _nearest(curve: dict, ours: dict | None):
-    pts, dists = curve.get("points") or [], curve.get("distributions") or []
-    cands = [(p, d) for p, d in zip(pts, dists) if any(d.get(k) for k in ("ttft_ms", "e2e_ms", "itl_ms"))]
-    if not cands:
-        return None
-    if ours is None or ours.get("requests_per_s") is None:
-        return cands[0]
-    return min(cands, key=lambda pd: abs((pd[0].get("requests_per_s") or 0) - ours["requests_per_s"]))

@@ -12,10 +12,12 @@
  *   charts.js    the small charts                still.js   no animation frames for Gradio's lost trackers
  *   tail.js      the slowest requests, one request's waits on the Gantt
  *   scoreboard.js the board (ranks.js: an imported trace's rank table; unknown.js: what a trace does not hold)
+ *   palette.js   every colour and the words for "busy"   sweep.js the Sweep tab's charts (sweep_figures.js)
  *
  * After each picture the page fires a "bs-picture" event on document (detail: {lo, hi, steps}), for any part
  * of the page that follows the window shown.
  */
+import "./palette.js";               // first: it sets the stylesheet's mode colours
 import { api, connect, socket } from "./api.js";
 import { buildScope, refreshRecordings, showReplay, backToLive, syncControls } from "./controls.js";
 import { handle, normalise, state, stepsIn } from "./feed.js";
@@ -23,6 +25,7 @@ import { buildLegend } from "./gantt.js";
 import * as header from "./header.js";
 import { observeCharts, perf, startRedraw } from "./redraw.js";
 import "./stage.js";                 // scoreboard, presentation mode, keys, example recording
+import "./sweep.js";                 // the Sweep tab's charts
 import { keepStill, still } from "./still.js";
 import { buildTail } from "./tail.js";
 import { $, note, setText } from "./util.js";

@@ -2,8 +2,8 @@
  * clicked, the Gantt zoomed to its lifetime with its spans and steps marked (gantt.js draws state.focus) and a
  * line saying what it waited for (#bs-focus). The server splits the lifetime (GET /api/requests/{id}/waits,
  * telemetry/request_waits.py); the page only draws it. In replay both routes read the replay (replay=true).
- * A point of the Sweep tab's latency CDFs (#bs-sweep-dist, a gr.Plot: app/ui/sweep_figures.py puts each point's
- * request id in its customdata) leads to the same jump when clicked. */
+ * A point of the Sweep tab's latency CDFs (#bs-sweep-dist: sweep_figures.js puts each point's request id in its
+ * customdata) leads to the same jump when clicked. */
 import { api } from "./api.js";
 import { state } from "./feed.js";
 import { causeLabel } from "./names.js";
@@ -12,8 +12,6 @@ import { $, esc, note } from "./util.js";
 const SLOWEST = 10;
 const LIVE_REFRESH_MS = 4000;              // live: looked at again this often, and only when requests finished
 const PAD = 0.06;                          // the window shows this share of the lifetime on each side
-const CDF_PLOTS = ["bs-sweep-dist"];       // gr.Plot blocks whose points carry request ids (customdata)
-const CDF_LOOK_MS = 500;                   // how often they are looked for (Gradio draws them when it likes)
 export const PHASE_COLOR = { queue: "#f59e0b", prefill: "#8b5cf6", decode: "#16a34a", preempted: "#ef4444" };
 
 const seen = { finished: -1, source: "" };
@@ -50,7 +48,6 @@ export function buildTail(root) {
   if (!root.dataset.tailTimer) {
     root.dataset.tailTimer = "1";
     setInterval(liveRefresh, LIVE_REFRESH_MS);
-    setInterval(watchCdfs, CDF_LOOK_MS);
   }
   refreshSlowest();
 }
@@ -97,22 +94,8 @@ function markChosen() {
   for (const tr of document.querySelectorAll("#bs-slowest tr[data-id]")) tr.classList.toggle("bs-chosen", tr.dataset.id === id);
 }
 
-// The CDFs: Gradio draws a gr.Plot into a div of its own when the tab is first shown, redraws it with
-// Plotly.react (which keeps listeners) and may mount a new div (which has none), so each is looked at again
-// and again. A listener is known by the emitter it went to: Plotly.purge gives the div a new one.
-const clickable = new WeakMap();           // graph div -> the Plotly event emitter our listener is on
-
-function watchCdfs() {
-  for (const elemId of CDF_PLOTS) {
-    const gd = document.querySelector(`#${elemId} .js-plotly-plot`);
-    if (!gd || typeof gd.on !== "function" || !gd._ev || clickable.get(gd) === gd._ev) continue;
-    gd.on("plotly_click", onCdfClick);
-    clickable.set(gd, gd._ev);
-    gd.dataset.bsClickable = "1";
-  }
-}
-
-function onCdfClick(ev) {
+// A click on a point of a latency CDF (sweep.js listens on its charts): the point's customdata is its request's id.
+export function onCdfClick(ev) {
   const pt = ev && ev.points && ev.points[0];
   const id = pt && (Array.isArray(pt.customdata) ? pt.customdata[0] : pt.customdata);
   if (typeof id === "string" && id) focusRequest(id, "cdf");

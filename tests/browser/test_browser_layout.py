@@ -137,6 +137,11 @@ def test_sweep_results_take_the_wide_column(live, browser):
         side, curves = box(page, "#bs-side"), box(page, "#bs-sweep-curves")
         assert curves["left"] > side["right"] and curves["width"] > 600, (side, curves)
         assert page.is_visible("#bs-sweep-start")           # the fields stay in the side panel
+        # the page draws the (empty) charts once their column shows, at its width, saying what to do
+        page.wait_for_selector("#bs-sweep-curves .js-plotly-plot .main-svg", timeout=T)
+        drawn = page.evaluate("""() => { const gd = document.querySelector('#bs-sweep-curves .js-plotly-plot');
+            return {width: gd._fullLayout.width, empty: gd.layout.meta.empty}; }""")
+        assert drawn["width"] > 600 and drawn["empty"].startswith("no sweep yet"), drawn
         page.get_by_role("tab", name="Generate").click()
         page.wait_for_selector("#bs-sweep-curves", state="hidden", timeout=T)
         assert not errors, errors

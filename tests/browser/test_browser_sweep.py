@@ -65,7 +65,7 @@ def fields(page, **values):
 
 
 def traces(page, plot: str) -> list[dict]:
-    """The Plotly traces drawn in a gr.Plot: name, type and how many points."""
+    """The Plotly traces the page drew in a chart of the tab: name, type and how many points."""
     return page.evaluate(f"""() => {{
         const el = document.querySelector('#{plot} .js-plotly-plot');
         return el ? (el.data || []).map(t => ({{name: t.name, type: t.type || 'scatter',
@@ -103,6 +103,16 @@ def test_a_tiny_sweep_draws_both_modes_overlaid_and_a_cdf(page, server):
     assert any(t["name"] == "SLO" for t in curves)
     engine = traces(page, "bs-sweep-engine")
     assert {t["name"] for t in engine} >= {"sync", "async"}
+    # drawn by the page's own Plotly, in the colours the stylesheet uses: Gradio's copy of Plotly is never loaded
+    drawn = page.evaluate("""() => {
+        const gd = document.querySelector('#bs-sweep-curves .js-plotly-plot'), css = getComputedStyle(document.body);
+        return {sync: gd.data.find(t => t.name === 'sync p50').line.color, css: css.getPropertyValue('--bs-sync').trim(),
+                async: gd.data.find(t => t.name === 'async p50').line.color,
+                cssAsync: css.getPropertyValue('--bs-async').trim(), log: gd.layout.yaxis.type,
+                scripts: performance.getEntriesByType('resource').map(r => r.name).filter(n => /plotly/i.test(n))}; }""")
+    assert drawn["sync"] == drawn["css"] and drawn["async"] == drawn["cssAsync"], drawn
+    assert drawn["log"] == "log"
+    assert [n.rsplit("/", 1)[-1] for n in drawn["scripts"]] == ["plotly.min.js"], drawn["scripts"]
     # the summary, with the downloads
     table = page.text_content("#bs-sweep-table")
     assert "meets the SLOs" in table and "throughput run" in table

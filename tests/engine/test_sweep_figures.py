@@ -1,14 +1,13 @@
-"""The Sweep tab's figures and HTML without a browser: curves with knees, SLO lines and where each mode leaves
-the SLOs; CDFs whose hover reads the percentile; the panel's fields as a SweepSpec."""
+"""The Sweep tab's HTML without a browser: the summary, the progress, what each chart is asked to draw, the panel's
+fields as a SweepSpec; and the committed H200 sweep drawn by benchmarks/sweep_figure.py. (The figures the page
+draws are checked in tests/unit/test_sweep_figures_js.py.)"""
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from batchscope.app.loadtest.sweep.curves import curve_summary
-from batchscope.app.ui.sweep_figures import (CLICK_HINT, MODE_COLORS, curves_figure, distribution_figure,
-                                             engine_figure, series_of, without_ids)
-from batchscope.app.ui.sweep_html import import_html, sweep_progress_html, sweep_summary_html
+from batchscope.app.ui.sweep_html import chart_html, import_html, sweep_progress_html, sweep_summary_html
 from batchscope.app.ui.sweep_tab import sweep_spec
 
 
@@ -30,81 +29,6 @@ def status(state="done"):
             "slo": {"ttft_ms": 500, "itl_ms": 50, "e2e_ms": None, "target": 0.99}}
 
 
-def names(fig):
-    return [t.name for t in fig.data]
-
-
-def test_the_curves_overlay_both_modes_with_knees_slos_and_where_each_leaves_them():
-    st = status()
-    fig = curves_figure(series_of(st), st["slo"])
-    for n in ("sync p50", "sync p99", "async p50", "async p99", "sync knee", "SLO"):
-        assert n in names(fig)
-    p50 = next(t for t in fig.data if t.name == "sync p50")
-    # in the order of the load offered: synchronous, rising rates, throughput last
-    assert list(p50.x) == [1.0, 2.0, 3.0, 4.0, 4.2] and list(p50.y) == [10, 11, 12, 15, 600]
-    assert p50.line.color == MODE_COLORS["sync"]
-    assert "%{y:,.1f} ms" in p50.hovertemplate and "SLO attainment" in p50.hovertemplate
-    slo = [t for t in fig.data if t.name == "SLO"]
-    assert sorted({t.y[0] for t in slo}) == [50, 500]          # TTFT and ITL; no E2E SLO was set
-    assert any(n.startswith("sync leaves the SLOs at 4.00") for n in names(fig))
-    assert fig.layout.yaxis.type == "log"
-    tokens = curves_figure(series_of(st), st["slo"], "output_tokens_per_s")
-    assert list(next(t for t in tokens.data if t.name == "sync p50").x)[0] == 10.0
-
-
-def test_a_foreign_report_is_one_more_series_and_empty_figures_say_so():
-    st = status()
-    rep = {"modes": {"GuideLLM 0.8.1 · smollm2": {"points": [point(0, "synchronous", None, 1.5, 20, 1.0)]}}}
-    series = series_of(st, [rep])
-    assert [s["name"] for s in series] == ["sync", "async", "GuideLLM 0.8.1 · smollm2"]
-    fig = curves_figure(series, st["slo"])
-    assert "GuideLLM 0.8.1 · smollm2 p50" in names(fig)
-    eng = engine_figure(series, 0.99)
-    guide = [t for t in eng.data if t.name.startswith("GuideLLM")]
-    assert len(guide) == 1 and guide[0].yaxis == "y3"           # attainment only: no engine telemetry there
-    for empty in (curves_figure([], None), engine_figure([], None), distribution_figure([])):
-        assert empty.layout.annotations[-1].text.startswith("no ")
-
-
-def test_cdfs_read_percentiles_and_histograms_share_of_values():
-    vals = {"ttft_ms": [30.0, 10.0, 20.0, 40.0], "itl_ms": [1.0, 2.0], "tpot_ms": [], "e2e_ms": [5.0]}
-    dists = [{"name": "sync · 1", "color": "#ea580c", "values": vals},
-             {"name": "async · 1", "color": "#2563eb", "values": vals}]
-    fig = distribution_figure(dists)
-    ttft = fig.data[0]
-    assert list(ttft.x) == [10.0, 20.0, 30.0, 40.0] and list(ttft.y) == [25.0, 50.0, 75.0, 100.0]
-    assert "p%{y:.1f} = %{x:,.2f} ms" in ttft.hovertemplate
-    assert len(fig.data) == 2 * 3                               # no TPOT values: nothing drawn for it
-    hist = distribution_figure(dists, "hist")
-    assert {t.type for t in hist.data} == {"histogram"} and hist.data[0].histnorm == "percent"
-
-
-def test_each_cdf_point_carries_its_requests_engine_id():
-    # a sweep point's values: per-request lists share request_id, each gap has its own request's id
-    point = {"ttft_ms": [30.0, None, 10.0], "tpot_ms": [2.0, 1.0, 3.0], "e2e_ms": [50.0, 5.0, 40.0],
-             "request_id": ["req-1", "req-2", "req-3"], "itl_ms": [4.0, 1.0, 2.0],
-             "itl_request_id": ["req-3", "req-1", "req-1"]}
-    # a continuous load's: one id list per latency (each sampled on its own)
-    load = {"ttft_ms": [7.0, 6.0], "ttft_request_id": ["req-8", "req-9"], "itl_ms": [], "tpot_ms": [],
-            "e2e_ms": [9.0], "e2e_request_id": ["req-9"]}
-    fig = distribution_figure([{"name": "sync · 1", "color": "#ea580c", "values": point},
-                               {"name": "load", "color": "#2563eb", "values": load}])
-    by = {(t.name, t.hovertemplate.split("<br>")[0].split()[-1]): t for t in fig.data}
-    ttft = by[("sync · 1", "TTFT")]
-    assert list(ttft.x) == [10.0, 30.0] and list(ttft.customdata) == ["req-3", "req-1"]   # sorted with its values
-    assert list(by[("sync · 1", "E2E")].customdata) == ["req-2", "req-3", "req-1"]
-    itl = by[("sync · 1", "ITL")]
-    assert list(itl.x) == [1.0, 2.0, 4.0] and list(itl.customdata) == ["req-1", "req-1", "req-3"]
-    assert list(by[("load", "TTFT")].customdata) == ["req-9", "req-8"]
-    assert list(by[("load", "E2E")].customdata) == ["req-9"]
-    assert all(CLICK_HINT in t.hovertemplate and "%{customdata}" in t.hovertemplate for t in fig.data)
-    assert CLICK_HINT == "click: show this request's steps"
-    # values without ids (another server's report): no ids, and no promise of a click
-    plain = distribution_figure([{"name": "g", "color": "#059669", "values": without_ids(point)}])
-    assert all(t.customdata is None and CLICK_HINT not in t.hovertemplate for t in plain.data)
-    assert set(without_ids(point)) == {"ttft_ms", "tpot_ms", "e2e_ms", "itl_ms"}
-
-
 def test_the_summary_says_where_each_mode_meets_and_leaves_the_slos():
     html = sweep_summary_html(status())
     assert "meets the SLOs (≥ 99%) up to" in html and "3.00 req/s" in html and "leaves them at" in html
@@ -119,6 +43,15 @@ def test_the_summary_says_where_each_mode_meets_and_leaves_the_slos():
     assert "failed" in sweep_progress_html({**status("error"), "error": "boom"})
     assert "overlaid" in import_html({"format": "GuideLLM 0.8.1 report", "modes": {"g": {"points": [1, 2]}},
                                       "notes": ["n"]})
+
+
+def test_each_chart_says_what_to_draw_in_its_attributes():
+    assert chart_html("curves", sweep="sweep-x", imports=["imp-1", "imp-2"], x="requests_per_s", points=4) == (
+        '<div class="bs-sweep-fig" data-fig="curves" data-sweep="sweep-x" data-imports="imp-1,imp-2" '
+        'data-x="requests_per_s" data-points="4"></div>')
+    assert chart_html("dist", kind="cdf", imports=[]) == '<div class="bs-sweep-fig" data-fig="dist" data-kind="cdf"></div>'
+    run = chart_html("dist", kind="hist", run="burst b-1", values=[["sync", {"ttft_ms": [1.5]}]])
+    assert 'data-values="[[&quot;sync&quot;,{&quot;ttft_ms&quot;:[1.5]}]]"' in run and 'data-run="burst b-1"' in run
 
 
 def test_the_panel_fields_are_the_api_spec():
