@@ -6,14 +6,15 @@ max_batch_tokens None) is chosen per step from what the engine measured of its o
     fastest, and there is no decode whose inter-token latency a long step would stretch;
   - requests decoding: the prefill chunk is the largest whose step the model predicts within a target, the
     user's ITL target (`itl_target_ms`) or DECODE_FACTOR x the predicted decode step, so a step that carries a
-    chunk delays each decode by at most that much. With the derived target the chunk is never smaller than the
-    knee (intercept / ms per prefill token): below it a step costs more in its fixed part (weights, decode KV)
-    than in the chunk's own compute, and prefill crawls for little ITL gained;
+    chunk delays each decode by at most that much. With the derived target a step never carries fewer tokens
+    than the knee (intercept / ms per token, ~230 on an 8B H200, up to a graph bucket: 256): below it a
+    step costs more in its fixed part (the weight read) than in its tokens, and prefill crawls for little ITL;
   - a prefill backlog (derived target only): when the waiting prompts would need more than BACKLOG_STEPS
     target-sized steps, those steps would stretch every decode for long and still prefill slowly (an 8B model on
     an H200 with 29 decodes over 4000-token contexts: a 227-token chunk step takes 16-18 ms, 0.07 ms a prompt
     token; an 8192-token one 220 ms, 0.027). The chunk becomes the smallest whose whole-step cost per prompt
-    token (attention aside) is within BACKLOG_EFFICIENCY (2%) of the best any step size reaches, until the backlog falls under
+    token (attention aside) is within BACKLOG_EFFICIENCY (2%) of the best any step size reaches, until the
+    backlog falls under
     BACKLOG_EXIT_STEPS such steps. An explicit `itl_target_ms` is never exceeded.
 
 The step-time model predicts device ms from a step's shape (StepShape): a fixed cost, decode rows, prefill
@@ -35,16 +36,17 @@ from .config import EngineConfig
 REASONS = ("decode_target", "no_decode", "fixed")
 ADAPTIVE_MAX_TOKENS = {"cuda": 8192, "cpu": 2048}   # the adaptive budget's largest step, by device type
 ADAPTIVE_GRAPH_TOKENS = 2048    # the adaptive budget's mixed-step graphs cover steps up to this many tokens
-DECODE_FACTOR = 2.0         # the derived target: a step carrying a chunk takes at most this many decode steps
+DECODE_FACTOR = 1.75        # the derived target: a step carrying a chunk takes at most this many decode steps
 COLD_TOKENS = 256           # decoding before the model is ready: the budget measured safe on an 8B H200
 MIN_CHUNK = 16              # a decode-target step always moves prefill on by at least this many tokens
 BACKLOG_STEPS = 16          # more target-sized steps than this to clear the waiting prompts: a backlog
+BACKLOG_PROMPTS = 4         # ... of at least this many prompts (a burst; one or two long prompts are served)
 BACKLOG_EXIT_STEPS = 4      # ... which lasts until this many such steps would clear what is left
 BACKLOG_EFFICIENCY = 0.02   # a backlog chunk's ms per prompt token within 2% of the best step size's
 EMA = 0.25                  # weight of the newest step in the displayed averages (buckets, decode ms)
 FORGET = 0.995              # each older step's weight in the fit shrinks by this per step (half-life ~140 steps)
 OUTLIER = 0.5               # a step off its prediction by more than this (relative) counts proportionally less
-MIN_PREFILL_STEPS = 2       # steps with prefill the fit needs before it sizes chunks (with one that decodes)
+MIN_PREFILL_STEPS = 2       # steps with prefill the fit needs before it sizes chunks (the prior covers the rest)
 PUBLISH_EVERY = 32          # steps between refreshes of the engine's visible snapshot (Engine.info["budget"])
 
 # the fit's terms: ms = sum(coefficient x feature); features in the units of StepShape.features
@@ -156,7 +158,7 @@ class StepTimeModel:
 
     @property
     def ready(self) -> bool:
-        return self.prefill_steps >= MIN_PREFILL_STEPS and self.decode_steps >= 1
+        return self.prefill_steps >= MIN_PREFILL_STEPS
 
     def observe(self, shape: StepShape, ms: float) -> None:
         tokens = shape.decode_rows + shape.prefill_tokens
@@ -216,7 +218,7 @@ class StepTimeModel:
         return ms if attention else ms - coef[3] * shape.prefill_pairs / 1e3
 
     def knee_tokens(self) -> float:
-        """Prefill tokens whose compute costs what the step's fixed part does."""
+        """Tokens whose compute costs what a step's fixed part does: the step becomes compute-bound there."""
         coef = self.coefficients()
         return coef[0] / coef[2] if coef[2] > 0 else 0.0
 
@@ -346,13 +348,14 @@ class StepBudget:
         else:
             if decode_kv is None:
                 decode_kv = int(decoding * self.model.kv_per_row)
-            if prefill_rows is None:
+            rows_known = prefill_rows is not None
+            if not rows_known:
                 prefill_rows = [(int(self.model.cached_per_prefill_row), prefill_waiting)] if prefill_waiting else []
-            budget = self._decode_target(decoding, decode_kv, prefill_rows)
+            budget = self._decode_target(decoding, decode_kv, prefill_rows, rows_known)
         self.last = budget
         return budget
 
-    def _decode_target(self, decoding: int, decode_kv: int, rows: list[tuple[int, int]]) -> Budget:
+    def _decode_target(self, decoding: int, decode_kv: int, rows: list[tuple[int, int]], rows_known: bool) -> Budget:
         cap = max(self.decode_max_tokens, decoding)
         if not self.model.ready:
             self.backlog = False
@@ -369,7 +372,11 @@ class StepBudget:
         waiting = sum(todo for _cached, todo in rows)
         if derived and waiting:
             steps = math.ceil(waiting / max(chunk, MIN_CHUNK))
-            self.backlog = steps > (BACKLOG_EXIT_STEPS if self.backlog else BACKLOG_STEPS)
+            if self.backlog:
+                self.backlog = steps > BACKLOG_EXIT_STEPS
+            else:               # one long prompt among decodes is served, not a backlog: its target steps hold
+                prompts = sum(1 for _cached, todo in rows if todo > 0) if rows_known else BACKLOG_PROMPTS
+                self.backlog = steps > BACKLOG_STEPS and prompts >= BACKLOG_PROMPTS
         else:
             self.backlog = False
         if self.backlog:
@@ -377,12 +384,15 @@ class StepBudget:
             return Budget(decoding + chunk, "decode_target", step_ms(chunk))
         lo = decoding + MIN_CHUNK
         tokens = max(lo, min(cap, decoding + chunk))
-        knee = min(room, math.ceil(model.knee_tokens())) if derived else 0
-        if decoding + knee > tokens:        # never below the knee: snap up to the graph that holds it
-            up = [t for t in self.graph_tokens if t >= decoding + knee]
-            return Budget(min(up) if up else decoding + knee, "decode_target", target)
-        snapped = [t for t in self.graph_tokens if lo <= t <= tokens]
-        return Budget(snapped[-1] if snapped else tokens, "decode_target", target)
+        # never below the knee with the derived target; on the largest graph bucket in reach, else the smallest
+        # past the floor (a step of 257 tokens replays the 320-token graph and costs what 320 tokens do)
+        floor = max(lo, min(cap, math.ceil(model.knee_tokens()))) if derived else lo
+        tokens = max(tokens, floor)
+        snapped = [t for t in self.graph_tokens if floor <= t <= tokens]
+        if snapped:
+            return Budget(snapped[-1], "decode_target", target)
+        up = [t for t in self.graph_tokens if t >= floor]
+        return Budget(min(up) if derived and up else tokens, "decode_target", target)
 
     def _efficient_chunk(self, step_ms, decoding: int, waiting: int) -> int:
         """The smallest chunk whose step costs, per prompt token, within BACKLOG_EFFICIENCY of the cheapest step

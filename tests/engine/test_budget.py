@@ -122,7 +122,7 @@ def test_before_the_model_has_seen_prefill_decodes_get_the_cold_budget():
 
 def test_with_decodes_the_chunk_is_the_largest_whose_step_stays_within_twice_the_decode_step():
     budget = _taught(StepBudget(None, 8192))
-    rows, kv, prompt = 16, 16 * 500, [(0, 600)]
+    rows, kv, prompt = 32, 32 * 2000, [(0, 600)]         # a target well past the knee
     decode_ms = _ms(StepShape(rows, kv))
     chosen = budget.choose(rows, 600, 300.0, kv, prompt)
     assert chosen.reason == "decode_target" and chosen.target_ms == pytest.approx(DECODE_FACTOR * decode_ms, rel=0.02)
@@ -172,10 +172,14 @@ def test_a_prefill_backlog_takes_the_cheapest_steps_per_prompt_token_until_littl
     # it stays on while more than BACKLOG_EXIT_STEPS target-sized steps are waiting, then the target holds
     assert budget.choose(30, 2500, 50.0, 120_000, [(1500, 2500)]).tokens > 2048 and budget.backlog
     small = budget.choose(30, 300, 50.0, 120_000, [(3700, 300)])
-    assert not budget.backlog and small.target_ms == pytest.approx(2 * _ms(StepShape(30, 120_000)), rel=0.03)
+    assert not budget.backlog and small.target_ms == pytest.approx(DECODE_FACTOR * _ms(StepShape(30, 120_000)), rel=0.03)
     # served: one prompt arriving among decodes is no backlog; the step holds the knee's graph (256 here)
     served = budget.choose(19, 600, 300.0, 19 * 700, [(0, 600)])
     assert not budget.backlog and served.tokens == 256
+    # one long prompt (or a few) among decodes is served at the target too: no step of thousands of tokens
+    for prompts in ([(0, 8192)], [(0, 6000), (0, 6000), (0, 6000)]):
+        assert budget.choose(19, 18_000, 300.0, 19 * 700, prompts).tokens <= 512 and not budget.backlog
+    assert budget.choose(19, 24_000, 300.0, 19 * 700, [(0, 6000)] * 4).tokens == 8192 and budget.backlog
     assert BACKLOG_EXIT_STEPS < 16
 
 
