@@ -47,6 +47,7 @@ EMA = 0.25                  # weight of the newest step in the displayed average
 FORGET = 0.995              # each older step's weight in the fit shrinks by this per step (half-life ~140 steps)
 OUTLIER = 0.5               # a step off its prediction by more than this (relative) counts proportionally less
 MIN_PREFILL_STEPS = 2       # steps with prefill the fit needs before it sizes chunks (the prior covers the rest)
+REFIT_EVERY = 8             # steps between solves of the fit
 PUBLISH_EVERY = 32          # steps between refreshes of the engine's visible snapshot (Engine.info["budget"])
 
 # the fit's terms: ms = sum(coefficient x feature); features in the units of StepShape.features
@@ -145,6 +146,7 @@ class StepTimeModel:
             _accumulate(self._prior_xx, self._prior_xy, x, _dot(PRIOR, x), PRIOR_WEIGHT)
         self._coef: tuple[float, ...] = PRIOR
         self._dirty = False
+        self._solved_at = 0
         self.steps = 0
         self.prefill_steps = 0
         self.decode_steps = 0               # steps that carried at least one decode
@@ -202,8 +204,11 @@ class StepTimeModel:
             self.decode_ms = rows[0]
 
     def coefficients(self) -> tuple[float, ...]:
-        if self._dirty:
+        """The fit, solved again once REFIT_EVERY steps have come in since the last solve (every step for the
+        first ones): a solve is ~0.1 ms of Python, and a step moves a fit with a 140-step half-life little."""
+        if self._dirty and (self.steps - self._solved_at >= REFIT_EVERY or self.steps <= 2 * REFIT_EVERY):
             self._dirty = False
+            self._solved_at = self.steps
             n = len(TERMS)
             xx = [[self._xx[i][j] + self._prior_xx[i][j] for j in range(n)] for i in range(n)]
             xy = [self._xy[i] + self._prior_xy[i] for i in range(n)]
@@ -336,7 +341,8 @@ class StepBudget:
                prefill_rows: list[tuple[int, int]] | None = None) -> Budget:
         """The budget of the next step. `decoding`: requests that decode one token in it; `prefill_waiting`:
         prompt (or recompute) tokens that running requests and the admissible queue still have to compute;
-        `decode_left`: the mean tokens the decoding requests may still produce; `decode_kv`: the KV tokens the
+        `decode_left`: the mean tokens the decoding requests may still produce (no longer weighed: the backlog
+        test counts prompts and steps; kept for callers); `decode_kv`: the KV tokens the
         decoding requests attend to, summed; `prefill_rows`: (cached tokens, tokens still to compute) of each
         request with prefill waiting, in the order the scheduler fills a step. Without the last two the model
         falls back on the averages it saw."""

@@ -86,6 +86,8 @@ def test_the_fit_keeps_every_term_non_negative_and_shrugs_off_a_stall():
     probe = StepShape.with_chunk(32, 64_000, [(1000, 512)], 512)
     before = model.predict(probe)
     model.observe(probe, 10 * before)                         # one step 10x slow (a GC pause, a busy host)
+    for _ in range(8):                                        # ... and the steps until the fit is solved again
+        model.observe(StepShape(16, 16_000), _ms(StepShape(16, 16_000), (4.4, 0.0, 0.019, 0.0, 0.042)))
     assert model.predict(probe) == pytest.approx(before, rel=0.02)
 
 
