@@ -6,6 +6,7 @@ as a dependency (deps.py lists them) rather than through a facade:
     sweep_lab.py   sweeps and the foreign reports laid over them
     timelines.py   timelines, named recordings, the replay (uploaded, from a file, or a profile opened back)
     profiler.py    torch.profiler windows on demand (profiles.py keeps the windows and their traces)
+    analysis_lab.py  compare two recordings, a what-if on one, and its verify job (whatif_verify.py)
 
 Beside them: typed bodies and responses (schemas.py), errors, middleware, streaming, prompt limits and replay
 intake. It uses app/loadtest to run load tests and mounts app/ui as its page.

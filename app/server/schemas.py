@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, StrictInt
+from pydantic import BaseModel, Field, StrictInt
 
 from ..loadtest.specs import Body, Limits, Mode
 
@@ -37,6 +37,21 @@ class GenerateBody(Body):
 
 class RecordingBody(Body):
     name: str | None = None
+
+
+class CompareBody(Body):
+    """POST /api/compare: each side one source or several ("live", "replay", a recording's name)."""
+    base: str | list[str]
+    new: str | list[str]
+    min_effect_pct: float | None = Field(None, ge=0)     # --min-effect: the smallest change called slower/faster
+    fail_above_pct: float | None = Field(None, ge=0)     # --fail-above: exit_code 1 when slower by more than it
+
+
+class WhatIfBody(Body):
+    """POST /api/whatif and /api/whatif/verify: `set` holds whatif's KEY: VALUE settings (GET /api/whatif/keys)."""
+    recording: str
+    set: dict[str, Any] = Field(default_factory=dict)
+    runs: int = Field(3, ge=1, le=5)
 
 
 class ProfileBody(Body):

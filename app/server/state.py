@@ -9,6 +9,7 @@ FastAPI dependency (the routes, deps.py lists them):
     state.sweep_lab   sweep_lab.py   sweeps and foreign reports
     state.timelines   timelines.py   timelines, named recordings, the replay
     state.profiler    profiler.py    torch.profiler windows and their traces
+    state.analysis    analysis_lab.py  compare, what-if and the what-if's verify job
 old_calls.py holds the one-line methods app/ui and app/cli still call, until they call the rooms.
 
 Errors speak for themselves (errors.py): ValueError (bad input or over a cap, 400), BusyError (at capacity,
@@ -32,6 +33,7 @@ from ..loadtest.manager import BurstManager
 from ..loadtest.specs import Limits
 from .deps import app_state
 from .errors import BusyError, NoEngineError, ShuttingDownError
+from .analysis_lab import AnalysisLab
 from .load_lab import LoadLab
 from .old_calls import OldCalls
 from .openai_logprobs import TokenStrings
@@ -63,6 +65,7 @@ class AppState(OldCalls):
         self.sweep_lab = SweepLab(self, self.load_lab)
         self.timelines = Timelines(self)
         self.profiler = Profiler(self, ProfileWindows(engine) if live else None, self.timelines)
+        self.analysis = AnalysisLab(self)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     @classmethod

@@ -44,9 +44,7 @@ def run(recordings: list[str], new: list[str] | None, json_out: str | None = Non
         for warning in getattr(e, "warnings", ()):
             print(f"warning: {warning}", flush=True)
         return _fail(f"cannot compare: {e}")
-    result["fail_above_pct"] = fail_above
-    code = exit_code(result, fail_above)
-    result["exit_code"] = code
+    code = with_exit_code(result, fail_above)["exit_code"]
     print("\n".join(text_lines(result)), flush=True)
     for path, text in ((json_out, lambda: json.dumps(result, indent=1)), (markdown_out, lambda: markdown(result))):
         if path:
@@ -58,6 +56,14 @@ def run(recordings: list[str], new: list[str] | None, json_out: str | None = Non
         ratio = result["step_time_ratio"]["value"]
         _say(f"regressed: device step time {100 * (ratio - 1):+.1f}%, beyond --fail-above {fail_above:g}%")
     return code
+
+
+def with_exit_code(result: dict, fail_above: float | None) -> dict:
+    """The result as --json writes it: with `fail_above_pct` and the `exit_code` it gives (the server answers the
+    same document)."""
+    result["fail_above_pct"] = fail_above
+    result["exit_code"] = exit_code(result, fail_above)
+    return result
 
 
 def exit_code(result: dict, fail_above: float | None) -> int:

@@ -63,6 +63,7 @@ def compare(base: list[Recording], new: list[Recording], min_effect_pct: float |
     base_step = stats["step"]
     results = {name: _figure_result(name, st, base_step, m) for name, st in stats.items()}
     buckets = _buckets(matched, stats, counts, mix, m)
+    _add_typical(buckets, matched, rows, {"base": base, "new": new})
     if any(key[1] == UNKNOWN for key in matched):
         warnings.append("the recordings do not say their steps' shapes (an imported trace): their steps are compared "
                         "as one bucket, so a different mix of prefill and decode steps would read as a change")
@@ -111,6 +112,7 @@ def _timed_steps(recordings: list[Recording], with_mode: bool) -> list[tuple]:
         blocks = noise.block_ids([_paused_before(step) for step, _ in timed])
         for (step, figs), block in zip(timed, blocks):
             figs["_block"] = int(block)
+            figs["_step"] = step.get("step")
             out.append((i, step_key(step, facts, with_mode), figs))
     return out
 
@@ -305,6 +307,18 @@ def _buckets(matched: list, stats: dict, counts: dict, mix: np.ndarray, m: float
                     "verdict": noise.ratio_verdict(low, high, m, ratio is not None and min(
                         counts["base"][key], counts["new"][key]) >= MIN_VERDICT_STEPS)})
     return out
+
+
+def _add_typical(buckets: list[dict], matched: list, rows: dict, recordings: dict) -> None:
+    """Each bucket's typical step on each side: the one of median step time (the lower middle of an even count),
+    by its recording and step number, so a viewer can open the step the bucket's figures speak for."""
+    for bucket, key in zip(buckets, matched):
+        bucket["typical"] = {}
+        for side, side_rows in rows.items():
+            mine = sorted(((f["step"], i, f["_step"]) for i, k, f in side_rows if k == key), key=lambda t: t[:2])
+            step_ms, i, number = mine[(len(mine) - 1) // 2]
+            bucket["typical"][side] = {"recording": recordings[side][i].name, "recording_index": i,
+                                       "step": number, "step_ms": _r(step_ms)}
 
 
 def _r(x, digits: int = 4):

@@ -31,13 +31,11 @@ def run_load(config: EngineConfig, load: list[LoadItem], rate: float = 1.0, seed
         raise WhatIfError(f"cannot start the engine for the run: {exc}") from None
     telemetry = Telemetry(engine, nvml_hz=10.0)
     try:
-        vocab = int(engine.info.get("vocab_size") or 1000)
-        rng = random.Random(seed)
-        prompts = [[rng.randrange(vocab) for _ in range(item.prompt_tokens)] for item in load]
+        prompts = prompts_for(load, int(engine.info.get("vocab_size") or 1000), seed)
         # shaped like the load (its first prompts at once, then a few decodes), so the shapes it runs are warm
         engine.generate(prompts[:WARMUP_REQUESTS], SamplingParams(max_new_tokens=WARMUP_TOKENS, ignore_eos=True))
         telemetry.start_recording("whatif")
-        handles = _replay(engine, load, prompts, rate)
+        handles = replay(engine, load, prompts, rate)
         deadline = time.monotonic() + timeout_s
         for handle in handles:
             handle.result(timeout=max(1.0, deadline - time.monotonic()))
@@ -50,18 +48,30 @@ def run_load(config: EngineConfig, load: list[LoadItem], rate: float = 1.0, seed
         engine.close()
 
 
-def _replay(engine, load: list[LoadItem], prompts: list[list[int]], rate: float) -> list:
-    """Submit each request at its arrival time, scaled by `rate`, from the first arrival on."""
+def prompts_for(load: list[LoadItem], vocab: int, seed: int = 0) -> list[list[int]]:
+    """Seeded random prompts of the load's lengths (what a prompt says does not matter with EOS ignored)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(item.prompt_tokens)] for item in load]
+
+
+def replay(engine, load: list[LoadItem], prompts: list[list[int]], rate: float, id_prefix: str | None = None,
+           stop=None) -> list:
+    """Submit each request at its arrival time, scaled by `rate`, from the first arrival on (greedy, EOS ignored,
+    the recorded output length). `id_prefix` names the requests `PREFIX-0`, `PREFIX-1` ... so that a shared
+    engine's telemetry can tell them apart; `stop` (a threading.Event) ends the submitting early."""
     t_first = load[0].arrival_us
     start = time.perf_counter()
     handles = []
-    for item, prompt in zip(load, prompts):
+    for k, (item, prompt) in enumerate(zip(load, prompts)):
         due = start + (item.arrival_us - t_first) / rate / 1e6
         delay = due - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+        if stop is None:
+            time.sleep(max(0.0, delay))
+        elif stop.wait(max(0.0, delay)):
+            break
         params = SamplingParams(max_new_tokens=item.output_tokens, ignore_eos=True, temperature=0.0)
-        handles.append(engine.submit(prompt, params, stream=False))
+        rid = f"{id_prefix}-{k}" if id_prefix else None
+        handles.append(engine.submit(prompt, params, request_id=rid, stream=False))
     return handles
 
 
@@ -83,7 +93,6 @@ def measure(config: EngineConfig, mode: str, load: list[LoadItem], rate: float, 
 
 def add_measured(rec, settings: dict, result: dict) -> dict:
     """--verify: each predicted loop run for real; `measured` and the prediction's `error_pct` added."""
-    from .measures import error_pct
     from .new_load import reshape
     from .settings import apply
 
@@ -91,11 +100,19 @@ def add_measured(rec, settings: dict, result: dict) -> dict:
     rate = float(settings.get("rate", 1.0))
     for mode, entry in result["modes"].items():
         seg = rec.segments.get(mode) or next(iter(rec.segments.values()))
-        measured = measure(config, mode, reshape(seg.load, settings), rate, rec.device_type)
-        entry["measured"] = measured
-        entry["error_pct"] = error_pct(entry["predicted"], measured)
-        entry["within_interval"] = _within(entry["predicted"]["interval"], measured)
+        score(entry, measure(config, mode, reshape(seg.load, settings), rate, rec.device_type))
     return result
+
+
+def score(entry: dict, measured: dict) -> dict:
+    """One mode's entry of the result with its measurement: `measured`, the prediction's `error_pct` and whether
+    each figure fell `within_interval` (the CLI's --verify and the server's verify job both end here)."""
+    from .measures import error_pct
+
+    entry["measured"] = measured
+    entry["error_pct"] = error_pct(entry["predicted"], measured)
+    entry["within_interval"] = _within(entry["predicted"]["interval"], measured)
+    return entry
 
 
 def _within(interval: dict, measured: dict) -> dict:

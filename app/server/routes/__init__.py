@@ -7,11 +7,12 @@ the room it works in as a dependency (right column; State is the AppState itself
                  their export, foreign reports
     timeline.py  /api: timelines (JSON, Perfetto), named recordings, replay      TimelinesDep
     profile.py   /api/profile: a torch.profiler window over the next N steps     ProfilerDep
+    analysis.py  /api: the sources, compare, what-if and its verify job             AnalysisLabDep
     openai.py    /v1: OpenAI-compatible completions, chat completions, models    State
     metrics.py   /metrics: Prometheus' text format (vLLM's names and ours)       State
     ws.py        /ws/telemetry: the live feed                                    State
 """
-from . import control, load, metrics, openai, profile, sweep, timeline, ws
+from . import analysis, control, load, metrics, openai, profile, sweep, timeline, ws
 
-ROUTERS = (control.router, load.router, sweep.router, timeline.router, profile.router, openai.router, metrics.router,
-           ws.router)
+ROUTERS = (control.router, load.router, sweep.router, timeline.router, profile.router, analysis.router, openai.router,
+           metrics.router, ws.router)
