@@ -69,7 +69,8 @@ def replay(paths: list[str]) -> None:
             model.observe(shape, ms)
         if not every:
             continue
-        print(f"{os.path.relpath(path, HERE):<75} steps {len(every):5d}  error median {100 * _q(every, .5):4.1f}% "
+        name = os.path.relpath(path, HERE) if os.path.abspath(path).startswith(HERE) else os.path.basename(path)
+        print(f"{name:<75} steps {len(every):5d}  error median {100 * _q(every, .5):4.1f}% "
               f"p90 {100 * _q(every, .9):4.1f}%  prefill steps median {100 * _q(prefill, .5):4.1f}% "
               f"p90 {100 * _q(prefill, .9):4.1f}%")
 

@@ -7,7 +7,8 @@
 #   long     40 requests, Poisson at 3 req/s, prompts 2048-8192, new 64-256, seed 11, async: adaptive vs 256
 # Usage: benchmarks/budget_h200.sh [prefill] [served] [long]   (none: all three; ~6-7 min with model loads)
 # Writes $OUT/<run>.json (bench's results), $OUT/<run>.log, gzipped timelines next to them, $OUT/summary.txt;
-# prints one table at the end. Each run is independent: a failed one prints "FAILED <run>" and the rest go on.
+# prints one table at the end, the adaptive runs' fitted step-time models, and the model's one-step-ahead error
+# over the recorded steps. Each run is independent: a failed one prints "FAILED <run>" and the rest go on.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -111,6 +112,20 @@ for rate in (12, 40):
     served(f"served at {rate}/s: prompts 128-1024, new 64-512 (goals: p99/p50 <= 2, TTFT no worse than 256)",
            [f"served_r{rate}_256", f"served_r{rate}_adaptive"])
 served("long prompts at 3/s: prompts 2048-8192, new 64-256", ["long_r3_256", "long_r3_adaptive"])
+
+print("the adaptive runs' step-time model at their end (engine_info.budget)")
+for name in ("prefill_adaptive", "served_r12_adaptive", "served_r40_adaptive", "long_r3_adaptive"):
+    try:
+        with open(os.path.join(out, name + ".json")) as f:
+            budget = json.load(f)["engine_info"]["budget"]
+        model = budget["step_time_model"]
+        print(f"  {name:<20} {model.get('coefficients')} error {model.get('error_pct')}% knee "
+              f"{model.get('knee_tokens')} steps {model.get('steps_seen')} backlog {budget.get('backlog')}")
+    except Exception as exc:
+        print(f"  {name:<20} none ({type(exc).__name__})")
 EOF
+echo "the model's one-step-ahead error over these runs' steps (benchmarks/budget_h200.py replay):"
+python3 benchmarks/budget_h200.py replay "$OUT"/*.async.timeline.json.gz 2>&1 | tee -a "$OUT/summary.txt" \
+  || echo "FAILED replay"
 ls "$OUT" > /dev/null
 echo "done in $(( $(date +%s) - begin )) s"
