@@ -85,7 +85,8 @@ ENGINE_FLAGS = (
     Flag(("--itl-target-ms",), "itl_target_ms",
          "adaptive budget: a step that carries prefill while requests decode stays within MS (default: 2x the "
          "current decode step)",
-         {"type": positive_float, "default": EngineConfig.itl_target_ms, "metavar": "MS"}),
+         # a float, not positive_float: EngineConfig.validate refuses a bad target in one line, as `serve` always did
+         {"type": float, "default": EngineConfig.itl_target_ms, "metavar": "MS"}),
     Flag(("--no-mixed-graphs",), "no_mixed_graphs",
          "run the steps that carry prefill eagerly (decode steps keep their CUDA graphs)", {"action": "store_true"}),
     Flag(("--max-running",), "max_running", "requests in the batch at most",
