@@ -68,7 +68,7 @@ class Scheduler:
     @property
     def max_batch_tokens(self) -> int:
         """The most tokens any step may carry (a fixed budget's value)."""
-        return self.budget.max_tokens
+        return self.budget.max_batch_tokens
 
     # -- bookkeeping --------------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
