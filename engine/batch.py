@@ -87,17 +87,18 @@ def _offsets(fields):
 class IoSlot:
     """One of the two alternating input/output buffers sets. `index` is 0 or 1.
 
-    The output pack (`out` on the device, `host_out` pinned) holds the sampled tokens at [0, max_seqs) and, for
-    an extras step, one logprobs record per sampled row after them: one copy brings both back."""
+    It is sized for `max_batch_tokens` tokens over `max_running` requests. The output pack (`out` on the device,
+    `host_out` pinned) holds the sampled tokens at [0, max_running) and, for an extras step, one logprobs record
+    per sampled row after them: one copy brings both back."""
 
-    def __init__(self, index: int, max_tokens: int, max_seqs: int, max_blocks: int, device: torch.device):
+    def __init__(self, index: int, max_batch_tokens: int, max_running: int, max_blocks: int, device: torch.device):
         self.index = index
-        self.max_seqs = max_seqs        # also the penalty scratch row: rows 0..max_seqs-1 belong to requests
+        self.max_running = max_running  # also the penalty scratch row: rows 0..max_running-1 belong to requests
         pin = device.type == "cuda"
-        n64 = 6 * max_tokens + 5 * max_seqs
-        n32 = 2 * max_seqs + 1 + max_seqs + max_seqs * max_blocks
-        n_f = 5 * max_seqs
-        n_out = max_seqs * (1 + _RECORD_INT64)
+        n64 = 6 * max_batch_tokens + 5 * max_running
+        n32 = 2 * max_running + 1 + max_running + max_running * max_blocks
+        n_f = 5 * max_running
+        n_out = max_running * (1 + _RECORD_INT64)
         self.host64 = torch.zeros(n64, dtype=torch.int64, pin_memory=pin)
         self.host32 = torch.zeros(n32, dtype=torch.int32, pin_memory=pin)
         self.hostf = torch.zeros(n_f, dtype=torch.float32, pin_memory=pin)
@@ -110,21 +111,28 @@ class IoSlot:
         else:  # on CPU the "device" buffers are the host buffers themselves
             self.dev64, self.dev32, self.devf = self.host64, self.host32, self.hostf
         self.out = torch.zeros(n_out, dtype=torch.int64, device=device)
-        self.out_tokens = self.out[:max_seqs]
+        self.out_tokens = self.out[:max_running]
 
     def out_size(self, num_sampled: int, extras: bool) -> int:
         """Elements of the output pack a step fills: its tokens, and its records after all token places."""
-        return self.max_seqs + num_sampled * _RECORD_INT64 if extras and num_sampled else num_sampled
+        return self.max_running + num_sampled * _RECORD_INT64 if extras and num_sampled else num_sampled
 
     def records(self, num_sampled: int) -> torch.Tensor:
         """The device's logprobs records of a step, [S, RECORD_WORDS] float32 (the ids through .view(int32))."""
-        return self.out[self.max_seqs:self.max_seqs + num_sampled * _RECORD_INT64].view(torch.float32).view(
+        return self.out[self.max_running:self.max_running + num_sampled * _RECORD_INT64].view(torch.float32).view(
             num_sampled, RECORD_WORDS)
 
     def host_records(self, num_sampled: int) -> np.ndarray:
         """The same records in pinned host memory, once the step's copy is complete."""
-        words = self.host_out[self.max_seqs:self.max_seqs + num_sampled * _RECORD_INT64].numpy()
+        words = self.host_out[self.max_running:self.max_running + num_sampled * _RECORD_INT64].numpy()
         return words.view(np.float32).reshape(num_sampled, RECORD_WORDS)
+
+
+def carry_source(slots: list[IoSlot], slot: IoSlot) -> torch.Tensor:
+    """The device tensor a step on `slot` gathers its carried tokens from: the other slot's output. A step carries
+    only from the step in flight while it was built, numbered one before it, and step numbers alternate slots. The
+    step graphs are captured reading this same tensor."""
+    return slots[1 - slot.index].out_tokens
 
 
 @dataclass
@@ -182,13 +190,13 @@ def fill_slot(plan: StepPlan, slot: IoSlot, block_size: int, shape: GraphShape |
         extras = any(s.req.wants_extras for s in seqs)
     fields = _seq_fields(seqs, block_size)
     if extras:
-        fields.update(_penalty_fields(seqs, scratch_row=slot.max_seqs))
+        fields.update(_penalty_fields(seqs, scratch_row=slot.max_running))
     any_random = any(t > 0 for t in fields["temperature"])
     any_filter = any(k > 0 or p < 1.0 for k, p in zip(fields["top_k"], fields["top_p"]))
     if shape is not None and shape.kind == "decode":
-        _pad(fields, len(seqs), shape.rows, scratch_block * block_size, slot.max_seqs)
+        _pad(fields, len(seqs), shape.rows, scratch_block * block_size, slot.max_running)
     elif shape is not None:
-        _pad_mixed(fields, len(seqs), shape, scratch_block * block_size, slot.max_seqs)
+        _pad_mixed(fields, len(seqs), shape, scratch_block * block_size, slot.max_running)
     lens = fields["seq_lens"]
     B = len(lens)
     width = table_width or max(len(s.req.blocks) for s in seqs)

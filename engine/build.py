@@ -114,8 +114,8 @@ def make_runner(rm: RankModel, config: EngineConfig, num_blocks: int, ranks: Ran
     kv = KVCache(rm.loaded.kv_layout, num_blocks, config.block_size, model.dtype, rm.device)
     max_blocks = -(-rm.loaded.max_model_len // config.block_size)
     # mixed graphs on one rank only: a capture that fails on one rank alone would leave the ranks apart
-    step_tokens, graph_tokens = step_token_limits(config, rm.device.type)
-    runner = ModelRunner(model, kv, rm.device, step_tokens, config.max_running, max_blocks,
+    max_batch_tokens, graph_tokens = step_token_limits(config, rm.device.type)
+    runner = ModelRunner(model, kv, rm.device, max_batch_tokens, config.max_running, max_blocks,
                          rm.attention, config.cuda_graphs, ranks or RankGroup(),
                          mixed_graphs=config.mixed_graphs and rm.layout is None, graph_tokens=graph_tokens)
     if rm.layout is not None:       # what one all-reduce costs here: part of every step, and of its floor

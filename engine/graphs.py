@@ -10,21 +10,25 @@ the real rows exactly what it gives them unpadded (every other op works row by r
 the scratch block, and the host reads back only the real rows. Mixed graphs run on one rank only (tensor parallel
 keeps its mixed steps eager).
 
-`StepGraphs` owns all of it: the shapes, the captured graphs and their memory pool, which of them time
-themselves, which sampling paths run eagerly, and the expert dispatch the graphs were captured with. The runner
-(runner.py) asks it which shape a step gets and lets it replay; it hands over its slots, their events, the compute
-stream, its forward and its start marker at construction, and nothing of the runner is reached from here otherwise.
+`StepGraphs` owns all of it: the shapes (`GraphSizes`), the captured graphs and their memory pool, the timing
+events recorded inside them, which sampling paths run eagerly, and the expert dispatch the graphs were captured
+with. It is given the step it captures (forward.py's `StepForward`), the IO slots whose buffers the graphs read and
+write, and the compute stream. The runner (runner.py) asks it which shape a step gets and lets it replay;
+`replay` returns what ran with the graph's own timing events, and the runner records the step's span from them:
+nothing of the runner is reached from here.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
 import sys
-from typing import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from .batch import Batch, GraphShape, IoSlot, fill_slot
+from .batch import Batch, GraphShape, IoSlot, carry_source, fill_slot
+from .forward import StepForward
 from .model.experts import GRAPH_SAFE_EXPERTS, experts_configs, experts_implementation, fused_experts_fit
 from .sampler import SAMPLE_PATHS, sample_path
 from .scheduler import StepPlan
@@ -51,50 +55,72 @@ def host_sync_forbidden():
         torch.cuda.set_sync_debug_mode(before)
 
 
-def graph_buckets(max_seqs: int) -> list[int]:
+def graph_buckets(max_running: int) -> list[int]:
     """Decode batch sizes."""
     sizes = [1, 2, 4, 8] + list(range(16, 129, 16)) + list(range(160, 1025, 32))
-    return [b for b in sizes if b < max_seqs] + [max_seqs]
+    return [b for b in sizes if b < max_running] + [max_running]
 
 
-def mixed_buckets(max_tokens: int) -> list[int]:
+def mixed_buckets(max_batch_tokens: int) -> list[int]:
     """Mixed-step token counts. From 256 tokens on a step pads to at most a quarter more (there the device's time
     grows with the tokens); below, steps are bound by reading the weights and coarser buckets cost little. None
     past MAX_MIXED_TOKENS: a budget that large is for long compute-bound prefill steps, which hide their
     launches."""
     sizes = [32, 64, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048]
-    if max_tokens > MAX_MIXED_TOKENS:
+    if max_batch_tokens > MAX_MIXED_TOKENS:
         return []
-    return [t for t in sizes if t < max_tokens] + [max_tokens]
+    return [t for t in sizes if t < max_batch_tokens] + [max_batch_tokens]
+
+
+@dataclass(frozen=True)
+class GraphSizes:
+    """What the step graphs are captured for: the IO slots' sizes, and where a padded step's padding goes."""
+    max_running: int            # the slots' rows: decode buckets up to it, every mixed step padded to it
+    max_batch_tokens: int       # the most tokens a step carries: a decode bucket holds no more rows than this
+    mixed_tokens: int = 0       # the largest mixed step captured (mixed_buckets caps it); 0: mixed steps eager
+    block_size: int = 16
+    max_blocks: int = 1         # a block table's width in a graph's fixed layout
+    scratch_block: int = 0      # the KV block padding tokens write, which no request owns
+
+
+class GraphEvents:
+    """The timing events one slot's graphs record inside themselves, around their first and last kernel: the
+    device needs time to start a graph of ~1000 kernels, and that delay is GPU idle time, not compute."""
+
+    def __init__(self):
+        self.start = torch.cuda.Event(enable_timing=True, external=True)
+        self.started = torch.cuda.Event(enable_timing=True, external=True)     # behind the start kernel
+        self.end = torch.cuda.Event(enable_timing=True, external=True)
+
+
+class Replayed(NamedTuple):
+    """A step graph that ran, and the timing events it recorded inside itself (None: it records none)."""
+    key: GraphKey
+    events: GraphEvents | None
 
 
 class StepGraphs:
     """The step graphs of one runner: shape choice, capture at start-up, replay."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, slots: list[IoSlot], events: list,
-                 compute_stream, forward: Callable, carry_source: Callable, mark_start: Callable,
-                 block_size: int, max_blocks: int,
-                 scratch_block: int, max_rows: int, enabled: bool, note: str | None = None,
-                 max_tokens: int = 0, mixed: bool = False):
-        self.model, self.device = model, device
-        self.slots, self.events, self.compute_stream = slots, events, compute_stream
-        self._forward, self._carry_source = forward, carry_source      # the runner's: (batch, prev_out), (slot)
-        self._mark_start = mark_start                                   # the runner's: (before, after)
-        self.block_size, self.max_blocks, self.scratch_block = block_size, max_blocks, scratch_block
+    def __init__(self, forward: StepForward, slots: list[IoSlot], compute_stream, sizes: GraphSizes,
+                 enabled: bool, note: str | None = None):
+        self.forward, self.slots, self.compute_stream, self.sizes = forward, slots, compute_stream, sizes
+        self.model, self.device = forward.model, forward.device
         self.enabled = enabled
-        self.buckets = graph_buckets(max_rows)
+        self.buckets = graph_buckets(min(sizes.max_running, sizes.max_batch_tokens))
         # mixed steps: every row of the slot, so any plan the scheduler makes fits
-        self.mixed_rows = slots[0].max_seqs if slots else 0
-        self.mixed_buckets = mixed_buckets(max_tokens) if mixed and enabled else []
+        self.mixed_rows = sizes.max_running
+        self.mixed_buckets = mixed_buckets(sizes.mixed_tokens) if sizes.mixed_tokens and enabled else []
         self.mixed_note: str | None = None         # why mixed steps run eagerly although graphs were asked for
         self.graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
+        self.events: list[GraphEvents] = []         # per slot, made by capture_all
         self.timed: set[GraphKey] = set()           # graphs that record their own compute events
         self.captures = 0                           # captures attempted: all at start-up (a test holds it there)
         self.pool = None                            # the graphs' shared memory pool, made by capture_all
         self.note = note                            # why every step runs eagerly although graphs were asked for
         self.eager_paths: set[str] = set()          # sampling paths whose decode graphs could not be captured
         self.events_ok: bool | None = None          # whether timing events can be recorded inside a graph
-        self.experts = experts_configs(model)
+        self.experts = experts_configs(self.model)
         self.experts_impl: str | None = None        # the experts implementation the graphs were captured with
 
     # -- serving ------------------------------------------------------------------------------------------------
@@ -119,21 +145,21 @@ class StepGraphs:
         return ([GraphShape("decode", b, b) for b in sorted(self.buckets, reverse=True)]
                 + [GraphShape("mixed", t, self.mixed_rows) for t in sorted(self.mixed_buckets, reverse=True)])
 
-    def replay(self, batch: Batch, start=None) -> bool:
-        """Replay the batch's graph on the compute stream (`start` recorded just before it); False when its
-        sampling path runs eagerly (the caller then runs the forward). Never captures: a capture mid-serving would
-        stall every request in flight."""
+    def replay(self, batch: Batch, start=None) -> Replayed | None:
+        """Replay the batch's graph on the compute stream, `start` (the caller's event) recorded just before it.
+        None when its sampling path runs eagerly (the caller then runs the forward); else what ran, with the
+        timing events the graph recorded inside itself (None when it records none: then the caller's events
+        around the launch time it). Never captures: a capture mid-serving would stall every request in flight."""
         key = (batch.slot.index, batch.graph, sample_path(batch.any_random, batch.any_filter, batch.extras))
         graph = self.graphs.get(key)
         if graph is None:
             if key[2] in self.eager_paths or (key[1].kind == "mixed" and not self.mixed_buckets):
-                return False
+                return None
             raise RuntimeError(f"no step graph for {key}: capture_all must run before serving")
         if start is not None:
             start.record()
         graph.replay()
-        self.events[batch.slot.index].last_in_graph = key in self.timed
-        return True
+        return Replayed(key, self.events[key[0]] if key in self.timed else None)
 
     # -- start-up -----------------------------------------------------------------------------------------------
     def keys(self) -> list[GraphKey]:
@@ -153,6 +179,8 @@ class StepGraphs:
         greedy = next(iter(SAMPLE_PATHS))          # "greedy": without it graphs are not worth keeping
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
+        if not self.events:
+            self.events = [GraphEvents() for _ in self.slots]
         try:
             with torch.cuda.stream(self.compute_stream):
                 for key in self.keys():
@@ -169,8 +197,9 @@ class StepGraphs:
         slot = self.slots[slot_index]
         empty = StepPlan(step=-1, seqs=[], queue_depth=0, running=0)
         any_random, any_filter, extras = SAMPLE_PATHS[path]
-        batch = fill_slot(empty, slot, self.block_size, shape=shape, table_width=self.max_blocks,
-                          scratch_block=self.scratch_block, extras=extras)
+        sizes = self.sizes
+        batch = fill_slot(empty, slot, sizes.block_size, shape=shape, table_width=sizes.max_blocks,
+                          scratch_block=sizes.scratch_block, extras=extras)
         batch.any_random, batch.any_filter = any_random, any_filter    # padding rows stay greedy
         n64, n32, nf = batch.sizes
         slot.dev64[:n64].copy_(slot.host64[:n64])
@@ -202,7 +231,7 @@ class StepGraphs:
         always the other slot's output. Raises GraphCaptureError (with the allocator left consistent) when the
         step cannot be captured."""
         self.captures += 1
-        other = self._carry_source(batch.slot)
+        other = carry_source(self.slots, batch.slot)
         ev = self.events[batch.slot.index]
         # warm-up outside the graph (kernel compilation, library handles), with host syncs made errors: a sync
         # inside a capture invalidates it, and a failed capture is far harder to undo than a failed warm-up
@@ -214,11 +243,9 @@ class StepGraphs:
         try:
             with experts_implementation(self.experts, self.experts_impl), \
                     torch.cuda.graph(graph, pool=self.pool, stream=self.compute_stream):
+                self.forward(batch, other, (ev.start, ev.started) if self.events_ok else None)
                 if self.events_ok:
-                    self._mark_start(ev.graph_start, ev.graph_started)
-                self._forward(batch, other)
-                if self.events_ok:
-                    ev.graph_end.record()
+                    ev.end.record()
         except Exception as exc:
             self._abandon_capture(graph, self.pool)
             raise GraphCaptureError(f"capturing the {key[1].kind} step failed ({type(exc).__name__}: "
@@ -239,7 +266,7 @@ class StepGraphs:
         for impl in tries:
             try:
                 with experts_implementation(self.experts, impl), host_sync_forbidden():
-                    self._forward(batch, other)
+                    self.forward(batch, other)
                 self.experts_impl = impl
                 return
             except Exception as exc:        # whatever it is, the step runs eagerly rather than crash start-up
@@ -307,8 +334,6 @@ class StepGraphs:
         self.timed.clear()
         self.pool = None
         self.experts_impl = None
-        for ev in self.events:
-            ev.last_in_graph = False
         gc.collect()
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()

@@ -16,7 +16,8 @@ every request in flight. A model whose greedy decode step cannot be captured (it
 capture fails) runs every step eagerly instead; a sampling path (random, filtered, extras) that cannot be captured
 runs eagerly alone, and mixed steps that cannot be captured run eagerly while decode keeps its graphs.
 `graphs.note` and `graphs.mixed_note` say why: never a crash at start-up. The graphs are a part of their own
-(graphs.py, `StepGraphs`): the runner asks it for a step's shape and lets it replay.
+(graphs.py, `StepGraphs`): the runner asks it for a step's shape and lets it replay. The step itself, eager or
+captured, is forward.py's `StepForward`.
 
 Under tensor parallelism the runner relays each step to the other ranks just before launching it (`ranks`, a
 parallel.ranks.RankGroup; for one rank every call on it is a no-op).
@@ -29,14 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .batch import Batch, IoSlot, fill_slot
-from .graphs import StepGraphs
+from .batch import Batch, IoSlot, carry_source, fill_slot
+from .forward import StepForward
+from .graphs import GraphEvents, GraphSizes, StepGraphs
 from .kv_cache import KVCache
-from .model.attention import AttentionMetadata, use_metadata
-from .model.source import embeds_only, logits_epilogue
 from .parallel.ranks import RankGroup
-from .penalties import PenaltyState
-from .sampler import sample, write_logprobs
 from .scheduler import StepPlan
 
 EVENT_NAMES = ("h2d_start", "h2d_end", "compute_start", "compute_started", "compute_end", "d2h_start", "d2h_end")
@@ -50,25 +48,22 @@ class SlotEvents:
         for name in EVENT_NAMES:
             setattr(self, name, torch.cuda.Event(enable_timing=True))
         self.anchor = torch.cuda.Event(enable_timing=True)
-        # Recorded by the decode graphs themselves, around their first and last kernel: the device needs time
-        # to start a graph of ~1000 kernels, and that delay is GPU idle time, not compute.
-        self.graph_start = torch.cuda.Event(enable_timing=True, external=True)
-        self.graph_started = torch.cuda.Event(enable_timing=True, external=True)    # behind the start kernel
-        self.graph_end = torch.cuda.Event(enable_timing=True, external=True)
         self.used = False          # whether this slot has been launched at least once
-        self.last_in_graph = False  # whether the last step on this slot recorded graph_start/graph_end
+        # the timing events the last step's graph recorded inside itself (graphs.GraphEvents), None when it ran
+        # eagerly or its graph records none
+        self.graph: GraphEvents | None = None
         self.last_marked = False    # whether the last eager step on this slot ran the start kernel (mark_start)
 
     def spans(self) -> dict:
-        compute = ((self.graph_start, self.graph_end) if self.last_in_graph
+        compute = ((self.graph.start, self.graph.end) if self.graph is not None
                    else (self.compute_start, self.compute_end))
         return {"h2d": (self.h2d_start, self.h2d_end), "compute": compute, "d2h": (self.d2h_start, self.d2h_end)}
 
     def head(self) -> tuple | None:
         """The events just before and just after the last step's start kernel (mark_start); None when it ran none
         (a graph without timing events)."""
-        if self.last_in_graph:
-            return self.graph_start, self.graph_started
+        if self.graph is not None:
+            return self.graph.start, self.graph.started
         return (self.compute_start, self.compute_started) if self.last_marked else None
 
 
@@ -82,27 +77,18 @@ class Launched:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, max_tokens: int,
-                 max_seqs: int, max_blocks: int, attention: str, cuda_graphs: bool = False,
+    def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, max_batch_tokens: int,
+                 max_running: int, max_blocks: int, attention: str, cuda_graphs: bool = False,
                  ranks: RankGroup | None = None, mixed_graphs: bool = False, graph_tokens: int | None = None):
-        """`max_tokens`: the most tokens a step may carry (the IO slots are sized for it); `graph_tokens`: the
-        largest mixed step captured as a graph (default max_tokens; graphs.mixed_buckets caps it)."""
+        """`max_batch_tokens`: the most tokens a step may carry (the IO slots are sized for it); `graph_tokens`:
+        the largest mixed step captured as a graph (default max_batch_tokens; graphs.mixed_buckets caps it)."""
         self.model, self.kv, self.device, self.attention = model, kv, device, attention
         self.ranks = ranks or RankGroup()
         self.max_blocks = max_blocks
-        self.base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        # Where the decoder only looks its ids up, the runner does the lookup itself (see _forward)
-        self.embed = self.base.embed_tokens if embeds_only(self.base) else None
-        self.lm_head = model.get_output_embeddings()
-        # what the model's own forward does to the logits after its lm_head (final soft-capping, scaling)
-        self.logits_steps = logits_epilogue(model)
-        # the token counts of requests with penalties (penalties.py): one row per request that may run at once,
-        # as wide as any id that can be fed (the embedding's) or sampled (the logits')
-        head_width = getattr(self.lm_head, "out_features", None) or self.lm_head.weight.shape[0]
-        vocab = max(head_width, model.get_input_embeddings().weight.shape[0])
-        self.penalties = PenaltyState(max_seqs, vocab, device)
+        self.forward = StepForward(model, kv, device, attention, max_running)
+        self.penalties = self.forward.penalties
         self.block_size = kv.block_size
-        self.slots = [IoSlot(i, max_tokens, max_seqs, max_blocks, device) for i in range(2)]
+        self.slots = [IoSlot(i, max_batch_tokens, max_running, max_blocks, device) for i in range(2)]
         self.cuda = device.type == "cuda"
         if self.cuda:
             self.h2d_stream = torch.cuda.Stream(device)
@@ -118,13 +104,11 @@ class ModelRunner:
         note = None
         if cuda_graphs and self.cuda and attention != "triton":
             note = "the torch attention path loops over host-side lengths and cannot be captured"
-        # What a step's compute span starts with (see mark_start): one int32 the step's first kernel writes
-        self.started = torch.zeros(1, dtype=torch.int32, device=device)
-        self.start_kernel_ns = 0.0      # how long that kernel runs between its events (measure_start_kernel)
-        self.graphs = StepGraphs(model, device, self.slots, self.events, self.compute_stream, self._forward,
-                                 self.carry_source, self.mark_start, self.block_size, max_blocks, kv.scratch_block,
-                                 min(max_seqs, max_tokens), cuda_graphs and self.cuda and attention == "triton",
-                                 note, max_tokens=graph_tokens or max_tokens, mixed=mixed_graphs)
+        self.start_kernel_ns = 0.0      # how long the start kernel runs between its events (measure_start_kernel)
+        sizes = GraphSizes(max_running, max_batch_tokens, (graph_tokens or max_batch_tokens) if mixed_graphs else 0,
+                           self.block_size, max_blocks, kv.scratch_block)
+        self.graphs = StepGraphs(self.forward, self.slots, self.compute_stream, sizes,
+                                 cuda_graphs and self.cuda and attention == "triton", note)
         self.allreduce_us: dict[int, float] = {}   # tensor parallel: one all-reduce of [rows, hidden], measured
 
     # -- prepare ------------------------------------------------------------------------------------------------
@@ -149,10 +133,8 @@ class ModelRunner:
             self.events[slot.index].h2d_end.synchronize()
 
     def carry_source(self, slot: IoSlot) -> torch.Tensor:
-        """The device tensor a step on `slot` gathers its carried tokens from: the other slot's output. A step
-        carries only from the step in flight while it was built, numbered one before it, and step numbers
-        alternate slots. The decode graphs are captured reading this same tensor."""
-        return self.slots[1 - slot.index].out_tokens
+        """The other slot's output, which a step on `slot` gathers its carried tokens from (batch.carry_source)."""
+        return carry_source(self.slots, slot)
 
     # -- launch -------------------------------------------------------------------------------------------------
     def launch(self, batch: Batch) -> Launched:
@@ -195,7 +177,7 @@ class ModelRunner:
             self.compute_stream.wait_event(ev.h2d_end)
             if ev.used:
                 self.compute_stream.wait_event(ev.d2h_end)   # this slot's output pack already copied out
-            ev.last_in_graph = ev.last_marked = False
+            ev.graph, ev.last_marked = None, False
             self._compute(batch, prev_out, ev)
             ev.compute_end.record()
         with torch.cuda.stream(self.d2h_stream):
@@ -209,9 +191,14 @@ class ModelRunner:
     def _compute(self, batch: Batch, prev_out: torch.Tensor, ev: SlotEvents | None = None) -> None:
         """Runs on the compute stream: a graph replay for a step with a shape, else the eager forward (also for
         a sampling path whose graphs could not be captured). `ev`: the slot's events, whose compute start is
-        recorded just before the step's first kernel."""
-        if batch.graph is None or not self.graphs.replay(batch, ev.compute_start if ev is not None else None):
+        recorded just before the step's first kernel, and which keep the graph's own events when it has them."""
+        ran = None
+        if batch.graph is not None:
+            ran = self.graphs.replay(batch, ev.compute_start if ev is not None else None)
+        if ran is None:
             self._forward(batch, prev_out, ev)
+        elif ev is not None:
+            ev.graph = ran.events
 
     def free_cached_memory(self) -> None:
         """After a step ran out of device memory: its tensors are gone, hand their cached blocks back so the next
@@ -220,16 +207,8 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     def mark_start(self, before, after) -> None:
-        """A step's first kernel, one element written, between two events, so that a compute span starts with a
-        kernel, as a trace's does. An event on an idle stream completes when the stream reaches it, which can be
-        before the step's first kernel arrives (an eager step's launch on its way): the step began at `before`,
-        or one start kernel's run before `after` when that is later (engine/trace.py, head_start_ms). A graph
-        runs its first node as soon as it starts, and a launch can hold the rest back (under torch.profiler,
-        ~0.35 ms on an idle device): with a timing event as that node the span began before any kernel; with the
-        start kernel it begins with one, and the hold-up is idle inside the step, where a trace shows it."""
-        before.record()
-        self.started.fill_(1)
-        after.record()
+        """A step's start kernel between two events (forward.StepForward.mark_start says why)."""
+        self.forward.mark_start(before, after)
 
     def measure_start_kernel(self, repeats: int = 21) -> float:
         """How long the start kernel runs between its two events (ns, the median of `repeats`), on a stream kept
@@ -247,65 +226,12 @@ class ModelRunner:
         return self.start_kernel_ns
 
     def _forward(self, batch: Batch, prev_out: torch.Tensor, ev: SlotEvents | None = None) -> None:
-        """Carry-over gather first, then the model forward and sampling. The host-side set-up (views, metadata)
-        comes before the start kernel (`ev`: the slot's events), so the device is not counted busy while the
-        host prepares."""
-        input_ids = batch.view("input_ids")
-        carry = batch.num_carried or batch.graph is not None
-        rows = batch.view("carry_rows") if carry else None
-        positions = batch.view("positions")[None]
-        B = batch.layout.B
-        meta = AttentionMetadata(
-            slot_mapping=batch.view("slot_mapping"),
-            query_start_loc=batch.view("query_start_loc"),
-            seq_lens=batch.view("seq_lens"),
-            block_tables=batch.view("block_tables").view(B, batch.layout.max_blocks),
-            query_start_host=batch.query_start_host,
-            seq_lens_host=batch.seq_lens_host,
-            max_query_len=batch.max_query_len,
-            max_seq_len=batch.max_seq_len,
-            kv_caches=self.kv.layers,
-            backend=self.attention,
-        )
-        counting = (tuple(batch.view(name) for name in ("reset_rows", "prompt_rows", "output_rows"))
-                    if batch.extras else None)
-        with torch.inference_mode():
-            if ev is not None:
-                self.mark_start(ev.compute_start, ev.compute_started)
-                ev.last_marked = True
-            if carry:
-                # Placeholders become the tokens sampled by the previous step, still on the device.
-                input_ids = torch.where(rows >= 0, prev_out[rows.clamp(min=0)], input_ids)
-            if counting is not None:
-                # penalties count what is fed, real tokens only: the carried ones are in place by now
-                self.penalties.count_inputs(input_ids, *counting)
-            # Looking the embedding up here puts the model's first kernel right after the start kernel; inside
-            # the decoder it would follow its own Python (~0.3 ms for an eager 8B prefill). That Python still
-            # runs on an idle device, inside the span: a span cannot see the host gaps between an eager step's
-            # kernels.
-            ids = input_ids[None]
-            inputs = {"inputs_embeds": self.embed(ids)} if self.embed is not None else {"input_ids": ids}
-            with use_metadata(meta):
-                hidden = self.base(**inputs, position_ids=positions, use_cache=False).last_hidden_state[0]
-            if batch.layout.S:
-                logits = self.lm_head(hidden.index_select(0, batch.view("sample_idx")))
-                for step in self.logits_steps:
-                    logits = step(logits)
-                self._sample(batch, logits)
-
-    def _sample(self, batch: Batch, logits: torch.Tensor) -> None:
-        """The step's tokens into its output pack; for an extras step, penalized first and followed by the
-        logprobs records (of the raw logits: sampler.write_logprobs)."""
-        S = batch.layout.S
-        scores = logits
-        if batch.extras:
-            scores = self.penalties.apply(logits, batch.view("penalty_rows"), batch.view("repetition"),
-                                          batch.view("frequency"), batch.view("presence"))
-        tokens = sample(scores, batch.view("temperature"), batch.view("top_p"), batch.view("top_k"),
-                        batch.view("seeds"), batch.view("sample_pos"), batch.any_random, batch.any_filter)
-        batch.slot.out_tokens[:S].copy_(tokens)
-        if batch.extras:
-            write_logprobs(logits, tokens, batch.slot.records(S))
+        """An eager step: the step's forward, its start kernel between the slot's compute events (`ev`)."""
+        if ev is None:
+            self.forward(batch, prev_out)
+            return
+        ev.last_marked = True
+        self.forward(batch, prev_out, (ev.compute_start, ev.compute_started))
 
     # -- wait ---------------------------------------------------------------------------------------------------
     def wait(self, launched: Launched) -> list[int]:

@@ -36,15 +36,16 @@ def test_compute_start_is_recorded_just_before_the_first_kernel(tiny_engine, mon
     from batchscope.engine.batch import Batch
 
     runner = tiny_engine.runner
+    step = runner.forward
     order = []
-    marker = torch.zeros_like(runner.started)
+    marker = torch.zeros_like(step.started)
 
     class StartedSpy:                                 # the start kernel's one-element tensor
         def fill_(self, value):
             order.append("start kernel")
             return marker.fill_(value)
 
-    monkeypatch.setattr(runner, "started", StartedSpy())
+    monkeypatch.setattr(step, "started", StartedSpy())
 
     class EventSpy:                                   # stands in for a CUDA event on CPU
         def __init__(self, name):
@@ -61,9 +62,9 @@ def test_compute_start_is_recorded_just_before_the_first_kernel(tiny_engine, mon
                                                                                      SlotEventsSpy()))
     view = Batch.view
     monkeypatch.setattr(Batch, "view", lambda self, name: order.append(f"view {name}") or view(self, name))
-    assert runner.embed is runner.base.embed_tokens           # a Llama decoder only looks its ids up
-    hooks = [runner.base.register_forward_pre_hook(lambda module, args: order.append("decoder")),
-             runner.embed.register_forward_pre_hook(lambda module, args: order.append("embedding"))]
+    assert step.embed is step.base.embed_tokens               # a Llama decoder only looks its ids up
+    hooks = [step.base.register_forward_pre_hook(lambda module, args: order.append("decoder")),
+             step.embed.register_forward_pre_hook(lambda module, args: order.append("embedding"))]
     try:
         out = tiny_engine.generate([[5, 6, 7, 8]], SamplingParams(max_new_tokens=3, ignore_eos=True))[0]
     finally:
@@ -101,22 +102,22 @@ class PerLayerIdsDecoder(torch.nn.Module):
 def test_the_runner_looks_embeddings_up_only_for_decoders_that_do_nothing_else_with_the_ids(tiny_engine):
     from batchscope.engine.model.source import embeds_only
 
-    assert embeds_only(tiny_engine.runner.base)
+    assert embeds_only(tiny_engine.runner.forward.base)
     for cls in (ScaledLookupDecoder, PerLayerIdsDecoder):
         decoder = cls()
         decoder.embed_tokens = torch.nn.Embedding(4, 2)
         assert not embeds_only(decoder), cls.__name__
     assert not embeds_only(torch.nn.Linear(2, 2))               # no embed_tokens at all
     # the other path (the decoder embeds its own ids) gives the same tokens
-    runner = tiny_engine.runner
+    step = tiny_engine.runner.forward
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
     prompts = random_prompts(3, 49152, 4, 20, seed=3)
     looked_up = [o.token_ids for o in tiny_engine.generate(prompts, params)]
-    embed, runner.embed = runner.embed, None
+    embed, step.embed = step.embed, None
     try:
         assert [o.token_ids for o in tiny_engine.generate(prompts, params)] == looked_up
     finally:
-        runner.embed = embed
+        step.embed = embed
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,16 @@ padded layout giving the real rows what the unpadded one gives them. On the GPU 
 (test_engine_gpu.py); here the padded layout runs eagerly."""
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from batchscope.engine import Engine, SamplingParams
 from batchscope.engine.batch import GraphShape, IoSlot, PackLayout, fill_slot
 from batchscope.engine.config import EngineConfig
-from batchscope.engine.graphs import MAX_MIXED_TOKENS, StepGraphs, mixed_buckets
+from batchscope.engine.graphs import MAX_MIXED_TOKENS, GraphSizes, StepGraphs, mixed_buckets
 from batchscope.engine.request import Request
 from batchscope.engine.scheduler import ScheduledSeq, StepPlan
 from helpers import generate_in_mode, random_prompts, reference_generate
@@ -46,7 +49,7 @@ def _fields(batch) -> dict:
 
 @pytest.mark.parametrize("extras", [False, True])
 def test_a_mixed_shape_pads_tokens_rows_and_sampled_rows_and_keeps_the_real_ones(extras):
-    slot = IoSlot(0, max_tokens=64, max_seqs=8, max_blocks=6, device=torch.device("cpu"))
+    slot = IoSlot(0, max_batch_tokens=64, max_running=8, max_blocks=6, device=torch.device("cpu"))
     plan = _plan()
     plain = _fields(fill_slot(plan, slot, BLOCK, table_width=6, scratch_block=SCRATCH, extras=extras))
     shape = GraphShape("mixed", 32, 8)
@@ -75,7 +78,7 @@ def test_a_mixed_shape_pads_tokens_rows_and_sampled_rows_and_keeps_the_real_ones
     assert padded["block_tables"][B * 6:] == [SCRATCH] * ((8 - B) * 6)
     # padding samples: greedy, from a token that exists
     assert padded["temperature"][S:] == [0.0] * (8 - S) and padded["sample_idx"][S:] == [0] * (8 - S)
-    if extras:                      # and everything counted in the scratch row (slot.max_seqs), penalties neutral
+    if extras:                      # and everything counted in the scratch row (slot.max_running), penalties neutral
         assert padded["prompt_rows"][T:] == padded["output_rows"][T:] == [8] * (32 - T)
         assert padded["reset_rows"][B:] == [8] * (8 - B) and padded["penalty_rows"][S:] == [8] * (8 - S)
         assert padded["repetition"][S:] == [1.0] * (8 - S) and padded["presence"][S:] == [0.0] * (8 - S)
@@ -83,7 +86,7 @@ def test_a_mixed_shape_pads_tokens_rows_and_sampled_rows_and_keeps_the_real_ones
 
 def test_every_plan_of_a_shape_has_the_same_addresses():
     """A graph reads its fields where they were at capture: the layout depends on the shape alone."""
-    slot = IoSlot(0, max_tokens=64, max_seqs=8, max_blocks=6, device=torch.device("cpu"))
+    slot = IoSlot(0, max_batch_tokens=64, max_running=8, max_blocks=6, device=torch.device("cpu"))
     shape = GraphShape("mixed", 32, 8)
     empty = StepPlan(step=-1, seqs=[], queue_depth=0, running=0)
     captured = fill_slot(empty, slot, BLOCK, shape=shape, table_width=6, scratch_block=SCRATCH, extras=False)
@@ -103,17 +106,18 @@ def test_mixed_buckets_cover_the_budget_and_stop_at_the_cap():
 
 
 def test_a_step_gets_a_decode_shape_a_mixed_shape_or_none():
-    slot = IoSlot(0, max_tokens=64, max_seqs=8, max_blocks=6, device=torch.device("cpu"))
-    graphs = StepGraphs(torch.nn.Linear(1, 1), torch.device("cpu"), [slot, slot], [], None, None, None, None,
-                        BLOCK, 6, SCRATCH, 8, enabled=True, max_tokens=64, mixed=True)
+    slot = IoSlot(0, max_batch_tokens=64, max_running=8, max_blocks=6, device=torch.device("cpu"))
+    step = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))    # what StepGraphs reads
+    sizes = GraphSizes(max_running=8, max_batch_tokens=64, mixed_tokens=64, block_size=BLOCK, max_blocks=6,
+                       scratch_block=SCRATCH)
+    graphs = StepGraphs(step, [slot, slot], None, sizes, enabled=True)
     assert graphs.shape_for(_plan()) == GraphShape("mixed", 32, 8)
     decode = StepPlan(step=0, seqs=[s for s in _plan().seqs[:2]], queue_depth=0, running=2)
     assert graphs.shape_for(decode) == GraphShape("decode", 2, 2)
     big = _request("e", list(range(100)), list(range(25)))
     too_many = StepPlan(step=0, seqs=[ScheduledSeq(big, 0, 65, False)], queue_depth=0, running=1)
     assert graphs.shape_for(too_many) is None                       # past the largest bucket: eager
-    off = StepGraphs(torch.nn.Linear(1, 1), torch.device("cpu"), [slot, slot], [], None, None, None, None,
-                     BLOCK, 6, SCRATCH, 8, enabled=True, max_tokens=64, mixed=False)
+    off = StepGraphs(step, [slot, slot], None, replace(sizes, mixed_tokens=0), enabled=True)
     assert off.shape_for(_plan()) is None and off.shape_for(decode) == GraphShape("decode", 2, 2)
     assert [k[1].kind for k in graphs.keys()].count("mixed") == 2 * 4 * len(mixed_buckets(64))
     assert graphs.shapes()[0].kind == "decode"          # decode first: its captures choose the expert dispatch
@@ -126,7 +130,7 @@ def padded_engine():
                               max_batch_tokens=48, max_running=8, seed=0))
     graphs = eng.runner.graphs
     graphs.mixed_buckets = mixed_buckets(48)
-    graphs.mixed_rows = eng.runner.slots[0].max_seqs
+    graphs.mixed_rows = eng.runner.slots[0].max_running
     graphs.enabled = True              # shapes only: on CPU nothing was captured, so every replay runs eagerly
     shapes = []
     original = graphs.shape_for
@@ -137,7 +141,7 @@ def padded_engine():
         shapes.append((plan.num_tokens, shape))
         return shape
     graphs.shape_for = mixed_always
-    graphs.replay = lambda batch, start=None: False       # nothing to replay: the padded batch runs eagerly
+    graphs.replay = lambda batch, start=None: None        # nothing to replay: the padded batch runs eagerly
     yield eng, shapes
     graphs.shape_for = original
     eng.close()
@@ -154,3 +158,39 @@ def test_the_padded_layout_gives_transformers_greedy_tokens(padded_engine, tiny_
         assert out.token_ids == reference_generate(tiny_reference, prompt, 12, None)
     padded = [(real, shape) for real, shape in shapes if shape.tokens > real]
     assert len(padded) > 5 and any(real > len(prompts) for real, _ in padded)   # prefill steps were padded too
+
+
+def test_the_runner_times_a_step_from_what_its_graph_replay_returns():
+    """StepGraphs writes nothing of the runner's: replay returns the events its graph recorded inside itself, the
+    runner keeps them on the slot's events and reads the compute span from them; an eager step keeps its own."""
+    from batchscope.engine.graphs import Replayed
+    from batchscope.engine.runner import ModelRunner, SlotEvents
+
+    class Event:
+        def __init__(self, name):
+            self.name = name
+
+        def record(self):
+            recorded.append(self.name)
+
+    recorded, eager = [], []
+    inside = SimpleNamespace(start=Event("graph start"), started=Event("graph started"), end=Event("graph end"))
+    runner = SimpleNamespace(graphs=SimpleNamespace(), _forward=lambda batch, prev, ev=None: eager.append(batch))
+    ev = SimpleNamespace(compute_start=Event("start"), compute_started=Event("started"), compute_end=Event("end"),
+                         h2d_start=None, h2d_end=None, d2h_start=None, d2h_end=None, graph=None, last_marked=False)
+    batch = SimpleNamespace(graph=GraphShape("decode", 2, 2))
+
+    def replay(b, start=None):
+        start.record()
+        return Replayed((0, b.graph, "greedy"), inside)
+    runner.graphs.replay = replay
+    ModelRunner._compute(runner, batch, None, ev)
+    assert recorded == ["start"] and not eager and ev.graph is inside
+    assert SlotEvents.spans(ev)["compute"] == (inside.start, inside.end)
+    assert SlotEvents.head(ev) == (inside.start, inside.started)
+
+    ev.graph = None
+    runner.graphs.replay = lambda b, start=None: None            # a sampling path that runs eagerly
+    ModelRunner._compute(runner, batch, None, ev)
+    assert eager == [batch] and ev.graph is None
+    assert SlotEvents.spans(ev)["compute"] == (ev.compute_start, ev.compute_end)
