@@ -316,11 +316,6 @@ class StepBudget:
         self.publish()
 
     @property
-    def max_tokens(self) -> int:
-        # until scheduler.py reads max_batch_tokens
-        return self.max_batch_tokens
-
-    @property
     def adaptive(self) -> bool:
         return self.fixed_tokens is None
 
