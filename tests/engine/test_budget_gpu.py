@@ -56,6 +56,7 @@ def test_adaptive_steps_replay_graphs_and_keep_greedy_tokens(adaptive_engine, qw
     assert all(b["tokens"] <= 2048 for b, d, _p in budgets if d)     # decodes stay within the graphs
     model = eng.info["budget"]["step_time_model"]
     assert model["steps_seen"] > 0 and all(c["ms"] > 0 for c in model["buckets"]), model
+    assert all(v >= 0 for v in model["coefficients"].values()), model     # the fit stays non-negative
 
 
 def test_learning_step_times_adds_no_host_wait(adaptive_engine):
