@@ -16,10 +16,10 @@ What it does, in order (docs/BENCHMARKS.md has the method in full):
 
 `--workload served` (arrivals over time, lengths drawn from ranges) goes to served/procedure.py instead.
 
-Here: the order of work and the result. The options are in flags.py, the systems it times in systems.py, the
-floor in floor.py, the printed table and the token check in summary_table.py. Like them it imports only engine,
-telemetry, torch, transformers and tqdm, so it runs where the server's packages (gradio, fastapi, ...) are not
-installed.
+Here: the order of work and the result. The options are in flags.py (the engine's own in app/engine_flags.py,
+shared with `serve`), the systems it times in systems.py, the floor in floor.py, the printed table and the token
+check in summary_table.py. Like them it imports only engine, telemetry, torch, transformers and tqdm, so it runs
+where the server's packages (gradio, fastapi, ...) are not installed.
 """
 from __future__ import annotations
 
