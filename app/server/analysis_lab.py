@@ -18,7 +18,7 @@ from typing import Annotated
 from fastapi import Depends
 
 from .deps import app_state
-from .errors import BusyError, Conflict, NotFoundError
+from .errors import BusyError, Conflict, EngineTaken, NotFoundError
 from .timelines import RECORDING_NAME
 from .whatif_verify import VerifyRun
 
@@ -26,6 +26,7 @@ LIVE, REPLAY, NAMED = "live", "replay", "recording:"
 MAX_SIDE = 8                    # recordings a side of a comparison
 MAX_VERIFY_REQUESTS = 5000      # requests a verify replays (all loops together)
 MAX_KEPT_VERIFIES = 20
+STOP_WAIT_S = 5.0               # POST /api/whatif/verify/{id}/stop waits this long for the job to wind down
 # what a running engine can take: the mode switches live; rate and the new-load keys are the load, not the engine
 LIVE_KEYS = ("mode", "rate", "arrival", "burstiness", "requests", "prompt_tokens", "new_tokens", "seed")
 RESTART_KEYS = ("max_batch_tokens", "itl_target_ms", "max_running", "num_blocks", "mixed_graphs")
@@ -126,7 +127,11 @@ class AnalysisLab:
             raise ValueError(f"the verify would replay {requests} requests, more than this server runs in one "
                              f"verify ({MAX_VERIFY_REQUESTS}): ask for fewer (set requests=N) or use the CLI")
         job = VerifyRun(source, parsed, runs, rec, requests)
-        runs_manager.hold_engine(job)                         # EngineTaken while anything else runs
+        try:
+            runs_manager.hold_engine(job)
+        except EngineTaken as exc:                            # what runs now, said for a verify (not a sweep)
+            busy = str(exc).split(";")[0]
+            raise EngineTaken(f"{busy}; a what-if verify needs the engine to itself: wait for it to end") from None
         with self._verifies_lock:
             self._verifies[job.id] = job
             for old in [k for k, v in self._verifies.items() if v.state != "running"][:-MAX_KEPT_VERIFIES]:
@@ -135,11 +140,22 @@ class AnalysisLab:
         return job
 
     def verify(self, verify_id: str) -> dict:
+        return self._job(verify_id).status()
+
+    def stop_verify(self, verify_id: str) -> dict:
+        """Stop a verify (one that has ended is left as it is): what it submitted is cancelled, the mode put back."""
+        job = self._job(verify_id)
+        if job.state == "running":
+            job.stop("stopped")
+            job.ended.wait(STOP_WAIT_S)
+        return job.status()
+
+    def _job(self, verify_id: str) -> VerifyRun:
         with self._verifies_lock:
             job = self._verifies.get(verify_id)
         if job is None:
             raise NotFoundError(f"no what-if verify with id {verify_id!r}")
-        return job.status()
+        return job
 
     def _refuse_restart(self, rec, config, parsed: dict, source: str, settings: dict) -> None:
         """Conflict when the configuration to verify differs from the running engine's in what only a restart

@@ -36,6 +36,7 @@ class VerifyRun:
         self.created = time.time()
         self.ended_at: float | None = None
         self._stop = threading.Event()
+        self.ended = threading.Event()
         self.stop_reason: str | None = None
 
     def describe(self) -> str:
@@ -54,19 +55,23 @@ class VerifyRun:
     # -- the run, on its own thread (BurstManager.spawn)
     def run(self, engine, telemetry) -> None:
         original = engine.mode
+        state, error = "error", None
         try:
             self._run(engine, telemetry)
-            self.state = "done"
+            state = "done"
         except Exception as exc:             # a failed job reports, it does not vanish
-            self.error = str(exc) or type(exc).__name__
-            self.state = "stopped" if self._stop.is_set() else "error"
+            error = str(exc) or type(exc).__name__
+            state = "stopped" if self._stop.is_set() else "error"
         finally:
             self.phase = None
             try:
                 engine.set_mode(original, reason=f"what-if verify {self.id}: back to {original}")
             except Exception:
                 pass
-            self.ended_at = time.time()
+            # only now does the hold go: a mode switch made as soon as it is allowed must not be undone by ours
+            self.error, self.ended_at = error, time.time()
+            self.state = state
+            self.ended.set()
 
     def _run(self, engine, telemetry) -> None:
         from batchscope.telemetry.whatif import predict

@@ -51,3 +51,9 @@ def whatif_verify_status(verify_id: str, lab: AnalysisLabDep) -> dict:
     """running (phase, progress) -> done (`result` with `measured`, `error_pct`, `within_interval` per mode),
     error or stopped (`error`)."""
     return lab.verify(verify_id)
+
+
+@router.post("/whatif/verify/{verify_id}/stop")
+def whatif_verify_stop(verify_id: str, lab: AnalysisLabDep) -> dict:
+    """Stop a verify: what it submitted is cancelled and the mode put back; its status after."""
+    return lab.stop_verify(verify_id)
