@@ -1,11 +1,11 @@
 """The HTTP server: one FastAPI app (app.py) made of one router per concern (routes/), each taking what it needs
 as a dependency (deps.py lists them) rather than through a facade:
 
-    state.py       AppState: lifecycle, the engine, telemetry, limits, requests in flight, health and status
-    load_lab.py    bursts, A/B comparisons, continuous loads, the mode switch an A/B or a sweep locks
-    sweep_lab.py   sweeps and the foreign reports laid over them
-    timelines.py   timelines, named recordings, the replay (uploaded, from a file, or a profile opened back)
-    profiler.py    torch.profiler windows on demand (profiles.py keeps the windows and their traces)
+    state.py         AppState: lifecycle, the engine, telemetry, limits, requests in flight, health and status
+    load_lab.py      bursts, A/B comparisons, continuous loads, the mode switch an A/B or a sweep locks
+    sweep_lab.py     sweeps and the foreign reports laid over them
+    timelines.py     timelines, named recordings, the replay (uploaded, from a file, or a profile opened back)
+    profiler.py      torch.profiler windows on demand (profiles.py keeps the windows and their traces)
     analysis_lab.py  compare two recordings, a what-if on one, and its verify job (whatif_verify.py)
 
 Beside them: typed bodies and responses (schemas.py), errors, middleware, streaming, prompt limits and replay

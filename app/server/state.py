@@ -5,10 +5,10 @@ sampling itself.
 
 The rest lives in rooms, one module each, built here and reached as attributes (the UI) or through each room's
 FastAPI dependency (the routes, deps.py lists them):
-    state.load_lab    load_lab.py    bursts, A/B comparisons, continuous loads, the guarded mode switch
-    state.sweep_lab   sweep_lab.py   sweeps and foreign reports
-    state.timelines   timelines.py   timelines, named recordings, the replay
-    state.profiler    profiler.py    torch.profiler windows and their traces
+    state.load_lab    load_lab.py      bursts, A/B comparisons, continuous loads, the guarded mode switch
+    state.sweep_lab   sweep_lab.py     sweeps and foreign reports
+    state.timelines   timelines.py     timelines, named recordings, the replay
+    state.profiler    profiler.py      torch.profiler windows and their traces
     state.analysis    analysis_lab.py  compare, what-if and the what-if's verify job
 old_calls.py holds the one-line methods app/ui and app/cli still call, until they call the rooms.
 

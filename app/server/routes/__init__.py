@@ -7,7 +7,7 @@ the room it works in as a dependency (right column; State is the AppState itself
                  their export, foreign reports
     timeline.py  /api: timelines (JSON, Perfetto), named recordings, replay      TimelinesDep
     profile.py   /api/profile: a torch.profiler window over the next N steps     ProfilerDep
-    analysis.py  /api: the sources, compare, what-if and its verify job             AnalysisLabDep
+    analysis.py  /api: sources, compare, what-if, the what-if verify job         AnalysisLabDep
     openai.py    /v1: OpenAI-compatible completions, chat completions, models    State
     metrics.py   /metrics: Prometheus' text format (vLLM's names and ours)       State
     ws.py        /ws/telemetry: the live feed                                    State
