@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .batch import read_record
+from .budget import StepShape
 from .profiling import Profiling
 from .request import Request, RequestHandle, TokenDelta
 from .runner import Launched, ModelRunner
@@ -226,7 +227,7 @@ class EngineCore:
         else:
             t0, t1 = step.host["launch"]
             ms = (t1 - t0) / 1e6
-        self.scheduler.budget.observe(plan.num_tokens, ms, all(s.is_decode for s in plan.seqs))
+        self.scheduler.budget.observe(plan.num_tokens, ms, all(s.is_decode for s in plan.seqs), StepShape.of(plan.seqs))
 
     def _update(self, plan: StepPlan, tokens: list[int], records):
         """The step's tokens (and, from an extras step, their logprobs records) into their requests."""

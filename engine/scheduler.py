@@ -131,17 +131,21 @@ class Scheduler:
         requests' and those the queue could admit now) and the tokens the decoding requests have left."""
         if not self.budget.adaptive:
             return self.budget.choose(len(self.running), 0, 0.0)
-        decoding, prefill, left = 0, 0, 0
+        decoding, prefill, left, decode_kv = 0, 0, 0, 0
+        prefill_rows: list[tuple[int, int]] = []     # (cached, still to compute), in the order a step is filled
         for req in self.running:
             todo = req.total_len - req.num_computed
             if _decodes_next(req):
                 decoding += 1
+                decode_kv += req.num_computed + 1
                 left += max(0, req.params.max_new_tokens - len(req.output_ids) - req.pending)
             else:
                 prefill += todo
+                prefill_rows.append((req.num_computed, todo))
         for req in islice(self.queue, max(0, self.max_running - len(self.running))):
             prefill += req.total_len - req.num_computed
-        return self.budget.choose(decoding, prefill, left / decoding if decoding else 0.0)
+            prefill_rows.append((req.num_computed, req.total_len - req.num_computed))
+        return self.budget.choose(decoding, prefill, left / decoding if decoding else 0.0, decode_kv, prefill_rows)
 
     def _schedule_running(self, draft: _Draft) -> None:
         """Running requests first, in admission order. One short of KV blocks preempts the newest running request

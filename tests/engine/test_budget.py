@@ -319,9 +319,11 @@ class _Recorder(StepBudget):
     def __init__(self, *args):
         super().__init__(*args)
         self.asked: list[tuple[int, int, float]] = []
+        self.shapes: list[tuple] = []           # (decode_kv, prefill_rows) of each ask
 
     def choose(self, decoding, prefill_waiting, decode_left, *shape):
         self.asked.append((decoding, prefill_waiting, decode_left))
+        self.shapes.append(shape)
         return super().choose(decoding, prefill_waiting, decode_left, *shape)
 
 
@@ -338,12 +340,34 @@ def test_the_scheduler_weighs_decodes_waiting_prompts_and_what_decodes_have_left
     plan = sched.schedule(0, None)
     # nothing decodes yet; a and b fit max_running, c waits behind them and is not counted
     assert budget.asked[-1] == (0, 50, 0.0) and plan.budget.as_dict() == {"tokens": 64, "reason": "no_decode"}
+    assert budget.shapes[-1] == (0, [(0, 20), (0, 30)])        # (cached, to compute) per prompt, in fill order
     for seq in plan.sampled:                  # sync: both tokens known
         seq.req.pending -= 1
         seq.req.output_ids.append(7)
     sched.schedule(1, None)
     # both decode now, 9 tokens left each; no room to admit c, so no prefill counts
     assert budget.asked[-1] == (2, 0, 9.0)
+    assert budget.shapes[-1] == (21 + 31, [])                  # the KV each decode row attends to, summed
+
+
+def test_the_engine_teaches_the_budget_each_step_with_its_shape():
+    """The step-time model learns from the planned rows (decode KV, prefill chunks at their context), not from
+    token counts alone: every observed step comes with its shape, and the prefill steps carry their context."""
+    from batchscope.engine.budget import StepShape
+
+    seen: list[StepShape | None] = []
+    eng = Engine(EngineConfig(model="tiny-random", device="cpu", dtype="float32", num_blocks=128,
+                              max_batch_tokens=64, seed=0))
+    observe = eng.scheduler.budget.observe
+    eng.scheduler.budget.observe = lambda *a, **k: (seen.append(a[3] if len(a) > 3 else k.get("shape")),
+                                                          observe(*a, **k))
+    try:
+        eng.generate(random_prompts(3, 49152, 100, 150, seed=4), SamplingParams(max_new_tokens=4, ignore_eos=True))
+    finally:
+        eng.close()
+    assert seen and all(isinstance(s, StepShape) for s in seen)
+    assert any(s.prefill_tokens and s.prefill_pairs > s.prefill_tokens ** 2 / 2 for s in seen)   # a later chunk
+    assert any(s.decode_rows and s.decode_kv > 100 * s.decode_rows for s in seen)
 
 
 def test_serve_and_bench_refuse_a_bad_itl_target_in_one_line(capsys):
