@@ -134,8 +134,10 @@ def test_an_imported_multi_rank_trace_leads_with_the_device_and_names_the_stragg
         assert "switch to async" not in text and "(A)" not in page.text_content("#bs-board")
         assert "–, not in the trace" in page.text_content("#bs-board")
         assert "–, not in the trace" in page.text_content("#bs-replay-summary")
-        page.wait_for_function("document.getElementById('bs-c-kv').dataset.empty", timeout=T)
-        for chart in ("bs-c-tps", "bs-c-batch", "bs-c-kv", "bs-c-queue"):
+        charts = ("bs-c-tps", "bs-c-batch", "bs-c-kv", "bs-c-queue")      # each says so once it has drawn
+        page.wait_for_function("ids => ids.every(id => document.getElementById(id).dataset.empty)", arg=list(charts),
+                               timeout=T)
+        for chart in charts:
             assert page.get_attribute(f"#{chart}", "data-empty").startswith("Not in the trace:"), chart
         assert "Busy %: device ops" in page.text_content("#bs-c-busy")
         box = hover_compute(page, expected["steps"][5]["compute_us"][0] + 5)

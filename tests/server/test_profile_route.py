@@ -163,7 +163,7 @@ def test_the_window_opens_as_the_replay_through_the_real_importer(client, served
     for step in replay["steps"][:4]:
         imported_us = step["compute_us"][1] - step["compute_us"][0]
         recorded_us = live[step["step"]]["compute_us"][1] - live[step["step"]]["compute_us"][0]
-        assert imported_us == pytest.approx(recorded_us, abs=max(500.0, 0.1 * recorded_us)), step["step"]
+        assert imported_us == pytest.approx(recorded_us, abs=max(1000.0, 0.2 * recorded_us)), step["step"]
     assert client.get("/api/status").status_code == 200           # the engine serves on
 
 
