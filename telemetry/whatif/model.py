@@ -46,9 +46,11 @@ class Graphs:
     def of(cls, config: EngineConfig, enabled: bool, mixed: list[int] | None = None) -> Graphs:
         if not enabled:
             return cls()
+        largest, graphed = step_token_limits(config, "cuda")
         if mixed is None:
-            mixed = mixed_buckets(step_token_limits(config, "cuda")[1]) if config.mixed_graphs else []
-        return cls(tuple(graph_buckets(config.max_running)), tuple(sorted(mixed)))
+            mixed = mixed_buckets(graphed) if config.mixed_graphs else []
+        # as StepGraphs captures them: a decode step carries at most the step's token budget of rows
+        return cls(tuple(graph_buckets(min(config.max_running, largest))), tuple(sorted(mixed)))
 
     def pad(self, prefill: int, rows: int) -> tuple[bool, int, int]:
         """(eager, prefill tokens, decode rows) as the device computes them."""

@@ -176,3 +176,17 @@ def test_a_new_load_replaces_the_recorded_one():
 def test_bad_load_settings_get_one_line(pairs, words):
     with pytest.raises(WhatIfError, match=words):
         parse(pairs)
+
+
+def test_the_models_graph_buckets_are_the_engines():
+    """A decode step carries at most the step's token budget of rows, so the engine captures no decode graph wider
+    than the budget; the model pads decode steps to the same buckets the engine replays."""
+    from batchscope.engine import EngineConfig
+    from batchscope.engine.graphs import graph_buckets
+    from batchscope.telemetry.whatif.model import Graphs
+
+    narrow = Graphs.of(EngineConfig(model="tiny-random", max_running=64, max_batch_tokens=16), enabled=True)
+    assert narrow.decode == tuple(graph_buckets(16)) and max(narrow.decode) == 16
+    wide = Graphs.of(EngineConfig(model="tiny-random", max_running=64), enabled=True)
+    assert wide.decode == tuple(graph_buckets(64))
+    assert Graphs.of(EngineConfig(model="tiny-random"), enabled=False).decode == ()
