@@ -17,7 +17,7 @@ import torch
 from .batch import read_record
 from .budget import StepShape
 from .profiling import Profiling
-from .request import Request, RequestHandle, TokenDelta
+from .request import Request, RequestHandle, StepDeliveries, TokenDelta
 from .runner import Launched, ModelRunner
 from .scheduler import Scheduler, StepPlan
 from .trace import ModeChange, RankSpans, StepTrace
@@ -233,6 +233,14 @@ class EngineCore:
         """The step's tokens (and, from an extras step, their logprobs records) into their requests."""
         delivered = []
         t = now()
+        batch = StepDeliveries()         # the step's deltas reach each event loop in one wakeup
+        try:
+            self._update_rows(plan, tokens, records, t, delivered, batch)
+        finally:
+            batch.flush()
+        return delivered
+
+    def _update_rows(self, plan: StepPlan, tokens: list[int], records, t, delivered, batch) -> None:
         for row, seq in enumerate(plan.sampled):
             req = seq.req
             req.pending -= 1
@@ -258,13 +266,12 @@ class EngineCore:
             handle = self.handles.get(req.id)
             if reason is None:
                 if handle is not None and handle.streaming:
-                    handle.deliver(TokenDelta([tok], "", **_latest_logprobs(req, 1)))
+                    handle.deliver(TokenDelta([tok], "", **_latest_logprobs(req, 1)), batch=batch)
             else:
-                self._finish(req, reason, last_token=tok, text_cut=cut)
-        return delivered
+                self._finish(req, reason, last_token=tok, text_cut=cut, batch=batch)
 
     def _finish(self, req: Request, reason: str, error: str | None = None, last_token: int | None = None,
-                text_cut: int | None = None) -> None:
+                text_cut: int | None = None, batch: StepDeliveries | None = None) -> None:
         req.finish_reason, req.error, req.finish_ns = reason, error, now()
         self._finished.append((req.id, reason, len(req.prompt_ids), len(req.output_ids)))
         self.scheduler.remove(req)
@@ -274,7 +281,7 @@ class EngineCore:
         if handle is not None:
             toks = [last_token] if last_token is not None and handle.streaming else []
             handle.deliver(TokenDelta(toks, "", True, reason, error, **_latest_logprobs(req, len(toks))),
-                           req.output(self.detokenize))
+                           req.output(self.detokenize), batch=batch)
 
     def fail(self, step: Step, exc: BaseException) -> None:
         """A step raised: its requests fail with the reason; everyone else keeps going. A later step that
