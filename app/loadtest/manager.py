@@ -47,7 +47,7 @@ class BurstManager:
         self.telemetry = telemetry
         self.limits = limits
         self.vocab_size = vocab_size
-        self.sender = Sender(engine, limits, vocab_size)
+        self.sender = Sender(engine, limits, vocab_size, telemetry=telemetry)
         self.keep = keep
         self._lock = threading.Lock()
         self._bursts: dict[str, Burst] = {}

@@ -19,8 +19,12 @@ LOAD_GIVE_UP_AFTER = 16             # a load whose first this-many requests all 
 
 
 class Sender:
-    def __init__(self, engine, limits: Limits, vocab_size: int):
+    def __init__(self, engine, limits: Limits, vocab_size: int, telemetry=None):
         self.engine, self.limits, self.vocab_size = engine, limits, vocab_size
+        # where each request's delivery times go, as the SSE path's chunk write times do (app/server/streaming.py):
+        # telemetry's recorder joins them with the engine's token times into requests[].sent_us and the delay
+        recorder = getattr(telemetry, "recorder", None)
+        self.on_sent = recorder.note_sent if recorder is not None else None
 
     def run_load(self, run: LoadRun) -> None:
         try:
@@ -86,6 +90,7 @@ class Sender:
     async def send(self, run: Burst | LoadRun, p: PlannedRequest) -> RequestTiming:
         t = RequestTiming(sent_ns=time.perf_counter_ns(), prompt_tokens=len(p.prompt))
         handle = None
+        delivered: list[int] = []       # perf_counter ns at which each token reached this consumer
         try:
             if run.flight.cancel.is_set():
                 raise RuntimeError("cancelled")
@@ -94,20 +99,24 @@ class Sender:
             handle = self.engine.submit(p.prompt, params)
             t.request_id = getattr(handle, "id", None)
             run.flight.add(handle)
-            await self._follow(run, handle, t)
+            await self._follow(run, handle, t, delivered)
         except Exception as e:          # one bad request is counted, the run goes on
             t.error = f"{type(e).__name__}: {e}"
         finally:
             if handle is not None:
                 run.flight.discard(handle)
+                if delivered and self.on_sent is not None:
+                    self.on_sent(handle.id, delivered)
         return t
 
-    async def _follow(self, run: Burst | LoadRun, handle, t: RequestTiming) -> None:
-        """Time each chunk of tokens as it arrives, until the request finishes."""
+    async def _follow(self, run: Burst | LoadRun, handle, t: RequestTiming, delivered: list[int]) -> None:
+        """Time each chunk of tokens as it arrives, until the request finishes; `delivered` gets each token's
+        arrival (this consumer is the in-process run's client: its arrival is the token's delivery)."""
         async for d in handle.astream():
             now = time.perf_counter_ns()
             if d.token_ids:
                 t.chunks.append((now, len(d.token_ids)))
+                delivered.extend([now] * len(d.token_ids))
             run.on_chunk(now, len(d.token_ids), getattr(self.engine, "mode", None))
             if d.finished:
                 t.finish_ns, t.finish_reason, t.error = now, d.finish_reason, d.error

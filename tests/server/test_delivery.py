@@ -121,3 +121,28 @@ def test_a_named_recording_shifts_write_times_with_token_times():
     assert out["token_us"] == [500.0, 600.0, 700.0] and out["sent_us"] == [520.0, 630.0, 750.0]
     assert [s - t for s, t in zip(out["sent_us"], out["token_us"])] == [20.0, 30.0, 50.0]
     assert shift_request({**rec, "sent_us": None}, -1000.0)["sent_us"] is None
+
+
+def test_an_in_process_burst_records_when_each_token_reached_its_sender(server):
+    """The A/B/burst sender is the in-process run's client: each token's arrival at it is its delivery, so burst
+    requests have `sent_us` and feed the delay histogram as streamed ones do."""
+    count0, _ = delivery_metric(server.url)
+    spec = {"num_requests": 4, "prompt_tokens": [4, 12], "max_new_tokens": [9, 9], "arrival": "burst",
+            "ignore_eos": True, "seed": 3}
+    burst_id = httpx.post(server.url + "/api/burst", json=spec, timeout=30).json()["burst_id"]
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{server.url}/api/bursts/{burst_id}").json()["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    while True:
+        tl = httpx.get(server.url + "/api/timeline.json").json()
+        joined = [r for r in tl["requests"] if r["output_tokens"] == 9 and r.get("sent_us")]
+        if len(joined) >= 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(joined) == 4, [(r["id"], r["output_tokens"], r.get("sent_us")) for r in tl["requests"]]
+    for r in joined:
+        assert len(r["sent_us"]) == len(r["token_us"]) == 9
+        assert all(s >= t for t, s in zip(r["token_us"], r["sent_us"])) and r["sent_us"] == sorted(r["sent_us"])
+    count, _ = delivery_metric(server.url)
+    assert count - count0 == 4 * 9
