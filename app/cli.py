@@ -143,7 +143,7 @@ def cmd_serve(args) -> int:
     threads += f", nice {info['nice']}" if info.get("nice") else ""
     _say(f"loaded {info.get('model')} on {info.get('device')} ({info.get('dtype')}{threads}), mode {state.engine.mode}")
     if args.profile_steps:
-        state.start_profile(args.profile_steps)
+        state.profiler.start(args.profile_steps)
         _say(f"profiling the first {args.profile_steps} steps: GET /api/profile, then its trace_url")
     return _serve(state, args)
 
