@@ -135,11 +135,12 @@ def wire_load_test(state, tab: LoadTestTab, demo: gr.Blocks) -> None:
     tab.arrival.change(arrival_changed, tab.arrival, [tab.rate, tab.burstiness])
     tab.load_kind.change(load_kind_changed, tab.load_kind, [tab.load_concurrency, tab.load_rate])
 
-    run_burst = follow_run("burst", FIRE, lambda *v: state.start_burst(burst_spec(*v)), state.burst_status,
+    lab = state.load_lab
+    run_burst = follow_run("burst", FIRE, lambda *v: lab.start_burst(burst_spec(*v)), lab.burst,
                         lambda st: progress_html(st.done, st.total, f"burst {st.id}: {st.state}",
                                                  error=f"burst {st.id} failed: {st.error}" if st.error else None),
                         lambda st: results_html(st.results))
-    run_ab = follow_run("A/B", AB, lambda *v: state.start_ab(burst_spec(*v)), state.ab_status, ab_progress_html,
+    run_ab = follow_run("A/B", AB, lambda *v: lab.start_ab(burst_spec(*v)), lab.ab, ab_progress_html,
                      ab_compare_html)
     # our own progress bars say how far a run got; Gradio's overlay would only hide them
     tab.burst.click(run_burst, tab.spec_inputs(), [tab.burst_progress, tab.burst_results, tab.burst],
@@ -155,7 +156,7 @@ def wire_load_test(state, tab: LoadTestTab, demo: gr.Blocks) -> None:
         # clears the last attempt's error and shows the start is under way
         yield "", gr.update(interactive=False, value="Starting…"), gr.update(interactive=False), None
         try:
-            load_id = state.start_load(load_spec(*values))
+            load_id = state.load_lab.start_load(load_spec(*values))
         except Exception as e:
             yield refusal("load", e), *load_buttons(False), None
             return
@@ -163,15 +164,15 @@ def wire_load_test(state, tab: LoadTestTab, demo: gr.Blocks) -> None:
 
     def stop_load(load_id):
         try:
-            target = load_id or state.running_load()
+            target = load_id or state.load_lab.running_load()
             if target:
-                state.stop_load(target)
+                state.load_lab.stop_load(target)
         except Exception:               # already gone: the follower shows how it ended
             pass
 
     def follow_running():
         # a page opened (or reloaded) while a load runs follows it, so that its Stop button works
-        load_id = state.running_load() if state.engine is not None else None
+        load_id = state.load_lab.running_load() if state.engine is not None else None
         if load_id is None:
             yield gr.update(), gr.update(), gr.update(), None
             return
@@ -242,7 +243,7 @@ def follow_load(state):
     def follow(load_id: str):
         while True:
             try:
-                st = state.load_status(load_id)
+                st = state.load_lab.load(load_id)
             except Exception as e:
                 yield error_html(f"load {load_id}: {e}"), *load_buttons(False), None
                 return

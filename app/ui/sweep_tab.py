@@ -152,7 +152,7 @@ def wire_sweep(state, tab: SweepTab, demo: gr.Blocks) -> None:
         starting = gr.update(interactive=False, value="Starting…"), gr.update(interactive=False)
         yield "", *(gr.update(),) * 4, *starting, None
         try:
-            sweep_id = state.start_sweep(sweep_spec(*values)).sweep_id
+            sweep_id = state.sweep_lab.start(sweep_spec(*values)).sweep_id
         except Exception as e:
             yield refusal("sweep", e), gr.update(), gr.update(), gr.update(), gr.update(), *buttons(False), None
             return
@@ -160,14 +160,14 @@ def wire_sweep(state, tab: SweepTab, demo: gr.Blocks) -> None:
 
     def stop(sweep_id):
         try:
-            target = sweep_id or state.running_sweep()
+            target = sweep_id or state.sweep_lab.running()
             if target:
-                state.stop_sweep(target)
+                state.sweep_lab.stop(target)
         except Exception:               # already gone: the follower shows how it ended
             pass
 
     def follow_running(x_key, imports):
-        sweep_id = state.running_sweep() if state.engine is not None else None
+        sweep_id = state.sweep_lab.running() if state.engine is not None else None
         if sweep_id is None:
             yield (gr.update(),) * 4 + (views.choices(None),) + (gr.update(),) * 3
             return
@@ -202,7 +202,7 @@ class SweepViews:
         if not sweep_id:
             return None
         try:
-            return self.state.sweep_status(sweep_id).model_dump(mode="json")
+            return self.state.sweep_lab.status(sweep_id).model_dump(mode="json")
         except Exception:
             return None
 
@@ -226,7 +226,7 @@ class SweepViews:
                     options.append((label, f"point:{p['index']}"))
                     value = f"point:{p['index']}"
         try:
-            runs = list(self.state.load_test_values())
+            runs = list(self.state.load_lab.latest_values())
         except Exception:
             runs = []
         options += [(f"{key} (Load test tab)", f"run:{key}") for key in runs]
@@ -258,7 +258,7 @@ class SweepViews:
         kind = kind or "cdf"
         if choice and choice.startswith("run:"):
             key = choice[4:]
-            runs = [[series, values] for series, values in self.state.load_test_values().get(key, [])]
+            runs = [[series, values] for series, values in self.state.load_lab.latest_values().get(key, [])]
             return chart_html("dist", kind=kind, run=key, values=runs)
         if choice and choice.startswith("point:") and sweep_id:
             st = self._status(sweep_id)
@@ -271,7 +271,7 @@ class SweepViews:
         if raw is None:
             return gr.update(), gr.update(), gr.update(), imports
         try:
-            report = self.state.import_report(raw, SLO(**panel_slo(*slo)))
+            report = self.state.sweep_lab.import_report(raw, SLO(**panel_slo(*slo)))
         except Exception as e:
             return refusal("report", e).replace("not started", "not read"), gr.update(), gr.update(), imports
         imports.append(report["id"])
