@@ -307,6 +307,9 @@ def _util(res: BurstResults | None) -> tuple[str, Any]:
 
 
 NOT_IN_TRACE = "–, not in the trace"
+# summary.busy_basis in words: the side panel names how busy % was measured, not the field's value
+BUSY_BASIS_WORDS = {"events": "CUDA events around each step", "host": "host timing (no device events)",
+                    "device_ops": "device ops in the trace"}
 # the side panel's figures made of a field an imported trace may not hold (meta.source.unknown)
 UNKNOWN_FROM = {"requests_finished": "request_ids", "tokens_per_s": "tokens_out", "batch_requests_mean": "num_requests",
                 "queue_depth_max": "queue_depth", "kv_usage_pct_max": "kv_blocks_used"}
@@ -314,7 +317,7 @@ REPLAY_FIELDS = (("model", "meta", "model"), ("device", "meta", "device"), ("GPU
                  ("dtype", "meta", "dtype"), ("recorded", "meta", "created"), ("duration s", "summary", "duration_s"),
                  ("steps", "summary", "steps"), ("modes", "summary", "modes"),
                  ("requests finished", "summary", "requests_finished"), ("tokens/s", "summary", "tokens_per_s"),
-                 ("busy %", "summary", "busy_pct"), ("busy basis", "summary", "busy_basis"),
+                 ("busy %", "summary", "busy_pct"), ("busy measured from", "summary", "busy_basis"),
                  ("busy between steps only %", "summary", "busy_pct_steps"),
                  ("GPU idle total µs", "summary", "idle_us_total"), ("decode ms/step p50", "summary", "decode_ms_p50"),
                  ("batch size mean", "summary", "batch_requests_mean"), ("queue depth max", "summary", "queue_depth_max"),
@@ -337,6 +340,8 @@ def replay_html(state) -> str:
             v = NOT_IN_TRACE
         if v is None or v == "":
             continue
+        if key == "busy_basis":
+            v = BUSY_BASIS_WORDS.get(v, v)
         if isinstance(v, dict):
             v = ", ".join(f"{k} {n}" for k, n in v.items())
         elif isinstance(v, float):
