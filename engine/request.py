@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import queue
 import threading
@@ -129,6 +130,13 @@ class IncrementalDetokenizer:
         return ""
 
 
+def _joined(a: TokenDelta, b: TokenDelta) -> TokenDelta:
+    """Two consecutive deltas of one request as one (text is decoded later, from the joined tokens)."""
+    return TokenDelta(a.token_ids + b.token_ids, "", b.finished, b.finish_reason, b.error,
+                      None if a.logprobs is None else a.logprobs + (b.logprobs or []),
+                      None if a.top_logprobs is None else a.top_logprobs + (b.top_logprobs or []))
+
+
 def _put_all(items: list) -> None:
     """On the readers' event loop: a step's deltas into their readers' queues, in the order they were made."""
     for q, delta in items:
@@ -225,8 +233,11 @@ class RequestHandle:
             if delta.finished:
                 return
 
-    async def astream(self):
-        """Async iterator of TokenDeltas; consumes the same items the thread iterator would."""
+    async def astream(self, coalesce: bool = False):
+        """Async iterator of TokenDeltas; consumes the same items the thread iterator would. With `coalesce`, the
+        deltas already waiting when the reader comes back are handed over as one (their tokens, logprobs and text
+        joined, the finish of the last): a reader that fell a step behind catches up in one write, not one a step.
+        An error is never joined to the tokens before it (an OpenAI stream ends with the error event alone)."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         with self._lock:
@@ -235,8 +246,15 @@ class RequestHandle:
             self._async_targets.append((loop, q))
         detok = IncrementalDetokenizer(self._decode)
         try:
+            held: collections.deque[TokenDelta] = collections.deque()
             while True:
-                delta = await q.get()
+                delta = held.popleft() if held else await q.get()
+                if coalesce:
+                    while not q.empty():
+                        held.append(q.get_nowait())
+                    # an error stays a delta of its own
+                    while held and not delta.finished and not (held[0].finished and held[0].finish_reason == "error"):
+                        delta = _joined(delta, held.popleft())
                 yield self._with_text(detok, delta)
                 if delta.finished:
                     return

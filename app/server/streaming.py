@@ -111,13 +111,13 @@ async def merged(handles: list) -> AsyncIterator[tuple[int, Any]]:
     """(index, TokenDelta) from several requests as they come; cancels the unfinished ones if abandoned."""
     try:
         if len(handles) == 1:
-            async for d in handles[0].astream():
+            async for d in handles[0].astream(coalesce=True):     # a writer a step behind catches up at once
                 yield 0, d
             return
         q: asyncio.Queue = asyncio.Queue()
 
         async def pump(i, h):
-            async for d in h.astream():
+            async for d in h.astream(coalesce=True):
                 await q.put((i, d))
         tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
         try:

@@ -89,3 +89,27 @@ def test_engine_wakes_a_loop_once_a_step_and_every_token_arrives_in_order(tiny_e
     assert deltas == 8 * 16                         # one delta a token, the last one with the finish
     assert len(calls) <= 16 + 8                     # one wakeup a step (requests may join on different steps)
     assert max(calls) == 8                          # a step of all eight is one wakeup
+
+
+def test_a_reader_behind_gets_the_waiting_deltas_as_one_and_an_error_alone():
+    def read(deltas, coalesce):
+        h = RequestHandle("r", engine=None, detokenize=lambda ids: "".join(chr(97 + i % 26) for i in ids))
+        for d in deltas:
+            h.deliver(d)                # waiting before the reader subscribes: it is a step or more behind
+
+        async def main():
+            return [d async for d in h.astream(coalesce=coalesce)]
+        return asyncio.run(main())
+
+    lp = dict(logprobs=[-0.5], top_logprobs=[[(1, -0.5)]])
+    deltas = [TokenDelta([0], "", **lp), TokenDelta([1], "", **lp), TokenDelta([2], "", True, "length", **lp)]
+    one_by_one, joined = read(deltas, False), read(deltas, True)
+    assert [d.token_ids for d in one_by_one] == [[0], [1], [2]]
+    (d,) = joined
+    assert d.token_ids == [0, 1, 2] and d.finished and d.finish_reason == "length"
+    assert d.logprobs == [-0.5] * 3 and d.top_logprobs == [[(1, -0.5)]] * 3
+    assert d.text == "".join(x.text for x in one_by_one) == "abc"
+
+    failing = [TokenDelta([0], ""), TokenDelta([1], ""), TokenDelta([], "", True, "error", "boom")]
+    got = read(failing, True)
+    assert [(d.token_ids, d.finish_reason) for d in got] == [([0, 1], None), ([], "error")]
