@@ -102,11 +102,11 @@ def main() -> None:
                 rows_out.append(row)
                 if best is None or us < best["us"]:
                     best = row
-                del gs
+                gs = None          # frees the GPU memory before the next setting
             summary[f"{name}/{m}"] = {"floor_us": round(floor_us, 2), "cublas_us": round(cublas, 2),
                                       "cublas_x_floor": round(cublas / floor_us, 3), "best": best}
             print(name, m, summary[f"{name}/{m}"], flush=True)
-        del ws
+        ws = None
         torch.cuda.empty_cache()
     # greedy sampling reads the logits: argmax on the bf16 logits against argmax after a float copy
     logits = torch.randn(256, 128256, device="cuda", dtype=torch.bfloat16)

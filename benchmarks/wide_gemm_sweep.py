@@ -167,8 +167,8 @@ def main() -> None:
                         print(variant, "failed:", str(e)[:200], flush=True)
                         continue
                     record(variant, us, round(err, 5))
-                    del gemms
-        del weights
+                    gemms = None
+        weights = None
         torch.cuda.empty_cache()
     best = {}
     for r in results:

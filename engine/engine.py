@@ -251,7 +251,8 @@ class Engine:
     def _describe(self, num_blocks: int) -> dict:
         mcfg = self.model.config
         return {
-            "model": self.config.model, "device": str(self.device), "dtype": str(self.model.dtype).replace("torch.", ""),
+            "model": self.config.model, "device": str(self.device),
+            "dtype": str(self.model.dtype).replace("torch.", ""),
             "gpu_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
             "cpu_threads": torch.get_num_threads() if self.device.type == "cpu" else None, "nice": self.config.nice,
             "num_params": sum(p.numel() for p in self.model.parameters()),

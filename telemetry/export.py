@@ -81,7 +81,8 @@ def shift_mode(rec: dict, d: float) -> dict:
 
 
 def shift_rank_step(rec: dict, d: float) -> dict:
-    return {**rec, "gpu": {p: _span(s, d) for p, s in rec["gpu"].items()}, "compute_us": _span(rec.get("compute_us"), d)}
+    return {**rec, "gpu": {p: _span(s, d) for p, s in rec["gpu"].items()},
+            "compute_us": _span(rec.get("compute_us"), d)}
 
 
 def shift_records(parts: dict, d: float) -> dict:

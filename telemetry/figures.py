@@ -89,8 +89,9 @@ def stretch_figures(runs, nvml=()) -> dict:
     busy % and tokens/s over the working time; decode tokens/s, the tokens of steps without prefill over their
     own periods (steady decoding, whatever the arrivals did); for an imported trace's steps busy % is the device's
     (their `device_ops_us` shares, basis "device_ops") and the compute spans' figure is `busy_pct_steps`;
-    ms/step (run_periods, p50 as `ms_per_step`); GPU idle per step (the gap before each step but a stretch's first, whose gap spans the switch; empty-queue
-    parts excluded) split by cause, and NVML (or host CPU) means over the stretches' windows."""
+    ms/step (run_periods, p50 as `ms_per_step`); GPU idle per step (the gap before each step but a stretch's first,
+    whose gap spans the switch; empty-queue parts excluded) split by cause, and NVML (or host CPU) means over the
+    stretches' windows."""
     work_us = busy_us = span_busy_us = decode_ms = 0.0
     periods, idle, windows, steps, device_runs = [], [], [], 0, 0
     by_cause: dict[str, float] = {}
@@ -303,7 +304,8 @@ def compare(sync_runs, async_runs, switches: list[float] | None = None, on_host:
     out["switches"] = alt = switch_interval(switches)
     if on_host:
         out["verdict"], out["reason"] = "no winner here", (
-            "compute runs on the host: async has nothing to hide here, so a difference is the machine's, not the mode's")
+            "compute runs on the host: async has nothing to hide here, so a difference is the machine's, "
+            "not the mode's")
     elif alt["n"] < MIN_SWITCHES or alt["ci"] is None:
         out["verdict"], out["reason"] = "not enough alternations", (
             f"{alt['n']} of {MIN_SWITCHES} switches between the modes with {MIN_PAIR_STEPS}+ matched steps a side: "

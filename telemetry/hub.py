@@ -101,7 +101,8 @@ class Hub:
 
     # ---- any thread, cheap ---------------------------------------------------------------------------------
     def publish(self, kind: str, obj) -> None:
-        """kind: "step" | "rank_step" | "request" | "nvml" | "mode". O(1); the oldest item goes when the flusher falls behind."""
+        """kind: "step" | "rank_step" | "request" | "nvml" | "mode". O(1); the oldest item goes when the flusher
+        falls behind."""
         if len(self._pending) == self._pending.maxlen:
             self.pending_overflow += 1
         self._pending.append((kind, obj))

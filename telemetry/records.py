@@ -1,7 +1,8 @@
 """The records telemetry keeps: one dict per step, per request, per NVML sample, per mode switch.
 
 Records are plain dicts (JSON-ready, cheap to build on the engine thread) with the firm field names of
-the timeline format (docs/timeline.md, docs/timeline.schema.json). A step record is built once and never changed afterwards, so other threads may read it freely.
+the timeline format (docs/timeline.md, docs/timeline.schema.json). A step record is built once and never changed
+afterwards, so other threads may read it freely.
 A request record grows while the request runs (its owner is the engine thread) and is frozen at finish.
 
 All times are microseconds since the session's origin on the host's `perf_counter` clock. On CPU there are no

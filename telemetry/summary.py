@@ -90,7 +90,8 @@ def per_rank(steps, rank_steps, nvml, w0, w1) -> list[dict]:
     dur = (w1 - w0) if w0 is not None and w1 is not None and w1 > w0 else 0.0
     spans = {0: [r["compute_us"] for r in steps if r.get("compute_us")]}
     for r in rank_steps:
-        if r.get("compute_us") and (w0 is None or r["compute_us"][1] >= w0) and (w1 is None or r["compute_us"][0] <= w1):
+        span = r.get("compute_us")
+        if span and (w0 is None or span[1] >= w0) and (w1 is None or span[0] <= w1):
             spans.setdefault(r["rank"], []).append(r["compute_us"])
     out = []
     for rank in sorted(spans):

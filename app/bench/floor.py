@@ -108,7 +108,8 @@ def measure_gemm_peak(device: torch.device, dtype: torch.dtype, trials: int = 5,
         return round(2 * n ** 3 / (t_ms * 1e-3) / 1e12, 2)
 
     return {"tflops": tflops(ms), "held_tflops": tflops(held_ms) if held_ms else None,
-            "hold_s": hold_s if cuda else None, "size": n, "dtype": str(dtype).replace("torch.", ""), "ms_per_gemm": round(ms, 4),
+            "hold_s": hold_s if cuda else None, "size": n, "dtype": str(dtype).replace("torch.", ""),
+            "ms_per_gemm": round(ms, 4),
             "method": "cuda events" if cuda else "host clock"}
 
 

@@ -2,8 +2,8 @@
 locked by an A/B run (ModeLocked), or its spec is invalid (`validation_reason` puts pydantic's errors in one line).
 
 They live here, below app/server and app/ui, because both raise or show them: the server maps them to HTTP
-statuses (app/server/errors.py: 429, 409 (ModeLocked, EngineTaken), 400, and `validation_reason` for every body it refuses) and the page's
-load-test panel says them in its own words.
+statuses (app/server/errors.py: 429, 409 (ModeLocked, EngineTaken), 400, and `validation_reason` for every body it
+refuses) and the page's load-test panel says them in its own words.
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 Shapes follow engine/attention.py: q [T, H, D] (any strides, last dim contiguous), caches
 [num_blocks, block_size, KVH, D] for keys and [num_blocks, block_size, KVH, Dv] for values (Dv = D except for
 multi-head latent attention, whose keys are wider than its values), and an `AttentionMetadata` whose device
-tensors (query_start_loc, seq_lens, block_tables) are the only per-request inputs the kernels read. Nothing here reads a device value on the host, so
-both paths are free of host synchronisation, and the decode path is CUDA-graph capturable: its grid depends only on
-the batch size, the number of KV heads and a fixed number of splits.
+tensors (query_start_loc, seq_lens, block_tables) are the only per-request inputs the kernels read. Nothing here
+reads a device value on the host, so both paths are free of host synchronisation, and the decode path is CUDA-graph
+capturable: its grid depends only on the batch size, the number of KV heads and a fixed number of splits.
 
 Grouped-query attention: one program serves all G = H / KVH query heads of one KV head. The G heads (and, in
 prefill, several query tokens) are stacked as the rows of one matrix, so every K/V tile is loaded from HBM once per
@@ -169,7 +169,8 @@ def _decode_split_kernel(
     o_mask = row_ok[:, None] & (dv[None, :] < V_DIM)
     # Scalar conditions join a block mask through tl.where, not `&`: Triton 3.9's interpreter gives `block & scalar`
     # an int8 mask, which loads and stores reject.
-    qv = tl.load(q + row * stride_qt + head[:, None] * stride_qh + d[None, :], mask=tl.where(has_work, q_mask, False), other=0.0)
+    qv = tl.load(q + row * stride_qt + head[:, None] * stride_qh + d[None, :],
+                 mask=tl.where(has_work, q_mask, False), other=0.0)
 
     acc = tl.zeros([G_PAD, DV_PAD], dtype=tl.float32)
     m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)

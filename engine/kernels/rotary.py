@@ -178,9 +178,10 @@ def _covered(fn) -> str | None:
 
 
 def _swap_private(module: torch.nn.Module) -> tuple[str | None, str | None]:
-    """transformers 5.x with `kernels` installed: an attention class decorated `use_kernelized_func(apply_rotary_pos_emb)`
-    gives each instance its own rotary object in `_kernel_funcs`, which its forward routes the global call to. Give
-    that object our forward. Returns (the modeling module patched, why not); (None, None) where there is no such hook."""
+    """transformers 5.x with `kernels` installed: an attention class decorated
+    `use_kernelized_func(apply_rotary_pos_emb)` gives each instance its own rotary object in `_kernel_funcs`, which
+    its forward routes the global call to. Give that object our forward. Returns (the modeling module patched, why
+    not); (None, None) where there is no such hook."""
     private = _private_rotary(module)
     if private is None:
         return None, None

@@ -242,8 +242,8 @@ def share_head(model: nn.Module, layout: TPLayout) -> None:
 def measure_allreduce(hidden: int, dtype: torch.dtype, device: torch.device, rows=(1, 8, 32, 64, 128, 256),
                       repeat: int = 20) -> dict[int, float]:
     """Microseconds one all-reduce of [rows, hidden] takes here, as decode runs it: inside a CUDA graph on CUDA
-    (eagerly on CPU), after a warm-up: the median of three graph replays on CUDA, the least of the calls on CPU. Every rank must call it at the same point
-    (it is collective). Start-up only: it syncs."""
+    (eagerly on CPU), after a warm-up: the median of three graph replays on CUDA, the least of the calls on CPU.
+    Every rank must call it at the same point (it is collective). Start-up only: it syncs."""
     out: dict[int, float] = {}
     for n in rows:
         x = torch.zeros(n, hidden, dtype=dtype, device=device)

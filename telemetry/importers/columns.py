@@ -118,7 +118,7 @@ class EventCollector:
     def _loop(self, events, n: int) -> None:
         """The hot loop, kept flat: it runs once per event of a huge file."""
         table_of_cat, names, ids = TABLE_OF_CAT, self.names, self.other_id
-        dev, rt, host, gann = self.dev, self.rt, self.host, self.gann
+        dev, rt, host = self.dev, self.rt, self.host
         skipped, meta = self.skipped, self.meta
         for e in events:
             n += 1

@@ -153,7 +153,8 @@ def _assemble(args, bandwidth, info, config, plan, runs, skipped, order, tf) -> 
         "workload": {"kind": "served", "requests": args.requests, "rate": args.rate, "arrival": args.arrival,
                      "burstiness": args.burstiness, "prompt_tokens": list(args.prompt_tokens),
                      "new_tokens": list(args.new_tokens), "seed": args.seed, "max_running": args.max_running,
-                     "ignore_eos": True, "greedy": True, "streamed": not args.no_stream, "warmup_requests": min(args.max_running, len(plan)),
+                     "ignore_eos": True, "greedy": True, "streamed": not args.no_stream,
+                     "warmup_requests": min(args.max_running, len(plan)),
                      "warmup_tokens": args.warmup_tokens, "plan": plan_summary(plan),
                      "baseline_arrivals": ALL_AT_ONCE if tf else None},
         "plan": [{"index": p.index, "offset_s": round(p.offset_s, 6), "prompt_tokens": len(p.prompt),
@@ -166,9 +167,10 @@ def _assemble(args, bandwidth, info, config, plan, runs, skipped, order, tf) -> 
 
 NOTES = {
     "latency_ms": "client side (latency_basis), from each request's streamed chunks on the bench's reader thread "
-                  "(app/loadtest/client_timing.py): TTFT = first chunk - submit, TPOT = (last chunk - first) / (tokens - "
-                  "1), ITL = every gap between tokens (a chunk of k after a gap g counts k gaps of g/k), E2E = "
-                  "finish - submit. With --no-stream the engine's own times (engine_latency_ms), same definitions",
+                  "(app/loadtest/client_timing.py): TTFT = first chunk - submit, "
+                  "TPOT = (last chunk - first) / (tokens - 1), ITL = every gap between tokens (a chunk of k after a "
+                  "gap g counts k gaps of g/k), E2E = finish - submit. With --no-stream the engine's own times "
+                  "(engine_latency_ms), same definitions",
     "wall_s": "plan time zero (the sender's start) to the last request's finish; output_tokens_per_s and "
               "requests_per_s are over it. transformers: first request created to last finished, all at once",
     "busy": "event-based: union of the steps' compute spans (CUDA events; host launch spans on CPU) from the first "
