@@ -19,7 +19,8 @@ import random
 import statistics
 import sys
 
-from batchscope.engine.budget import StepBudget, StepShape, StepTimeModel
+from batchscope.engine.budget import StepBudget
+from batchscope.engine.step_time import StepShape, StepTimeModel
 from batchscope.engine.graphs import mixed_buckets
 
 HERE = os.path.dirname(os.path.abspath(__file__))

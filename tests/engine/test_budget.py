@@ -16,12 +16,10 @@ from batchscope.engine.budget import (
     DECODE_FACTOR,
     MIN_CHUNK,
     REASONS,
-    TERMS,
     StepBudget,
-    StepShape,
-    StepTimeModel,
     step_token_limits,
 )
+from batchscope.engine.step_time import TERMS, StepShape, StepTimeModel
 from batchscope.engine.config import ConfigError
 from batchscope.engine.scheduler import ScheduledSeq
 from batchscope.telemetry import Telemetry, load_timeline
@@ -353,8 +351,6 @@ def test_the_scheduler_weighs_decodes_waiting_prompts_and_what_decodes_have_left
 def test_the_engine_teaches_the_budget_each_step_with_its_shape():
     """The step-time model learns from the planned rows (decode KV, prefill chunks at their context), not from
     token counts alone: every observed step comes with its shape, and the prefill steps carry their context."""
-    from batchscope.engine.budget import StepShape
-
     seen: list[StepShape | None] = []
     eng = Engine(EngineConfig(model="tiny-random", device="cpu", dtype="float32", num_blocks=128,
                               max_batch_tokens=64, seed=0))
