@@ -64,7 +64,7 @@ def main():
     args = p.parse_args()
     from transformers.integrations.moe import batched_mm_experts_forward, grouped_mm_experts_forward
 
-    E, H, I, K, T = 128, 2048, 768, 8, args.tokens
+    E, H, I, K, T = 128, 2048, 768, 8, args.tokens  # noqa: E741  (experts, hidden, intermediate: the MoE papers' letters)
     dtype = torch.bfloat16
     layers = [Experts(E, H, I, dtype) for _ in range(4)]      # several layers: weights not cached in L2
     x = torch.randn(T, H, device="cuda", dtype=dtype)

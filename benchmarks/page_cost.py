@@ -88,8 +88,10 @@ def cpu_shares(a: tuple, b: tuple) -> dict:
     """% of one core per thread and browser process, and the machine's time by state (% of all its cores): a
     renderer that waits while cores sit idle was not waiting for our engine (steal: the hypervisor had the core)."""
     dt = b[3] - a[3]
-    share = lambda new, old: {k: round(100 * (v - old.get(k, 0.0)) / dt, 1) for k, v in new.items()
-                              if v - old.get(k, 0.0) >= 0.001 * dt}
+
+    def share(new, old):
+        return {k: round(100 * (v - old.get(k, 0.0)) / dt, 1) for k, v in new.items()
+                if v - old.get(k, 0.0) >= 0.001 * dt}
     out = {"threads_pct_of_a_core": share(b[0], a[0]), "browser_pct_of_a_core": share(b[1], a[1])}
     if a[2] and b[2]:
         ticks = [y - x for x, y in zip(a[2], b[2])]

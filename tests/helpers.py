@@ -19,7 +19,6 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from batchscope.engine import EngineConfig  # noqa: E402
-from batchscope.engine.model.loading import load_model  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 

@@ -8,7 +8,6 @@ synthetic engine) with the live controls off. Every request the page makes must 
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from pathlib import Path

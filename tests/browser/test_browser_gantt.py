@@ -13,7 +13,6 @@ and the zoom / Pause / window interactions.
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from pathlib import Path

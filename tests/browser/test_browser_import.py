@@ -4,7 +4,6 @@ timeline, or says in one line why not (the page keeps what it showed)."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 

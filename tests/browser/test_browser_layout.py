@@ -9,7 +9,6 @@ lanes on their labels and above the legend.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

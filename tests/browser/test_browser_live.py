@@ -9,7 +9,6 @@ The agreement test runs the embedded SmolLM2, whose steps take hundreds of ms on
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from pathlib import Path

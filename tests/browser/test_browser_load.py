@@ -8,7 +8,6 @@ attempt, a stopped generation that still says "running".
 """
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
