@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..loadtest.sweep.spec import DEFAULT_ITL_MS, DEFAULT_RATE_POINTS, DEFAULT_TARGET, DEFAULT_TTFT_MS, SLO, SweepSpec
+from ..loadtest.sweep.spec import DEFAULT_RATE_POINTS, DEFAULT_TARGET, SLO, SLO_ITL_FACTOR, SLO_TTFT_FACTOR, SweepSpec
 from .load_tab import CHECK_MODE_LOCK_SOON, refusal
 from .page_html import error_html
 from .sweep_html import chart_html, import_html, point_text, sweep_progress_html, sweep_summary_html
@@ -70,9 +70,13 @@ def sweep_tab(live: bool) -> dict:
         prompt = gr.Number(64, label="prompt tokens", precision=0, elem_id="bs-sweep-prompt", interactive=live)
         output = gr.Number(64, label="output tokens", precision=0, elem_id="bs-sweep-output", interactive=live)
     with gr.Row():
-        slo_ttft = gr.Number(DEFAULT_TTFT_MS, label="SLO TTFT ms", elem_id="bs-sweep-slo-ttft", interactive=live)
-        slo_itl = gr.Number(DEFAULT_ITL_MS, label="SLO ITL ms (per request)", elem_id="bs-sweep-slo-itl",
-                            interactive=live)
+        # empty: the model's own, from the sweep's first (synchronous) run; "none": not checked
+        slo_ttft = gr.Textbox("", label=f"SLO TTFT ms (empty: {SLO_TTFT_FACTOR:g}x the synchronous run's p99)",
+                              placeholder="from the synchronous run", elem_id="bs-sweep-slo-ttft",
+                              interactive=live, max_lines=1)
+        slo_itl = gr.Textbox("", label=f"SLO ITL ms per request (empty: {SLO_ITL_FACTOR:g}x the synchronous "
+                             "run's p99)", placeholder="from the synchronous run", elem_id="bs-sweep-slo-itl",
+                             interactive=live, max_lines=1)
     with gr.Row():
         # a text field: an empty Number reads as 0, and 0 is an SLO the model refuses; empty here means none
         slo_e2e = gr.Textbox("", label="SLO E2E ms (empty: none)", elem_id="bs-sweep-slo-e2e", interactive=live,
@@ -120,9 +124,24 @@ def _given(v):
     return None if v in (None, "") else v
 
 
+def _ms(v):
+    """A number typed in a text field as a number (the model refuses what is not one, with its reason)."""
+    try:
+        return float(v) if isinstance(v, str) else v
+    except ValueError:
+        return v
+
+
 def panel_slo(ttft, itl, e2e, target) -> dict:
-    """Empty SLO fields are not checked; a 0 is sent as it is, so that the model refuses it with its reason."""
-    slo = {"ttft_ms": _given(ttft), "itl_ms": _given(itl), "e2e_ms": _given(e2e)}
+    """An empty TTFT or ITL field is left out (the sweep takes it from its synchronous run), "none" is not
+    checked; an empty E2E field is not checked. A 0 is sent as it is, so that the model refuses it with its
+    reason."""
+    slo = {"e2e_ms": _ms(_given(e2e))}
+    for key, v in (("ttft_ms", _given(ttft)), ("itl_ms", _given(itl))):
+        if isinstance(v, str) and v.lower() in ("none", "-", "–"):
+            slo[key] = None
+        elif v is not None:
+            slo[key] = _ms(v)
     if _given(target) is not None:
         slo["target"] = target
     return slo

@@ -17,8 +17,8 @@ from batchscope.app.loadtest.refusals import EngineTaken, ModeLocked, validation
 from batchscope.app.loadtest.specs import BurstSpec, Limits, LoadSpec
 from batchscope.app.loadtest.sweep.sweeps import Sweeps
 from batchscope.app.loadtest.sweep.files import to_csv
-from batchscope.app.loadtest.sweep.curves import curve_summary, knee, meets_slo, point_figures, point_values
-from batchscope.app.loadtest.sweep.spec import SLO, SweepSpec, spaced_rates
+from batchscope.app.loadtest.sweep.curves import curve_summary, knee, meets_slo, none_met_why, point_figures, point_values
+from batchscope.app.loadtest.sweep.spec import SLO, SweepSpec, derive_slo, round_up, spaced_rates
 from test_loadgen import ScriptedEngine, ScriptedTelemetry
 
 LIMITS = Limits(max_prompt_tokens=64, max_new_tokens=512, max_load_concurrency=8, max_load_requests=2000,
@@ -63,6 +63,20 @@ def test_a_spec_is_settled_within_the_limits():
     assert spec.slo == SLO() and spec.slo.ttft_ms == 500 and spec.slo.itl_ms == 50 and spec.slo.target == 0.99
     given = settled(rates=[8, 2, 4], requests=20)
     assert given.rates == [2, 4, 8] and given.points == 3 and given.duration_s is None
+
+
+def test_the_slos_a_caller_leaves_out_come_from_the_synchronous_run():
+    assert settled().slo_from_sync == ["itl_ms", "ttft_ms"]
+    assert settled(slo={"ttft_ms": 300}).slo_from_sync == ["itl_ms"]
+    assert settled(slo={"ttft_ms": None, "itl_ms": 40}).slo_from_sync == []     # null: not checked, not derived
+    assert settled(slo_from_sync=[]).slo_from_sync == []
+    again = SweepSpec.model_validate(settled(slo={"ttft_ms": 300}).model_dump()).within(LIMITS)
+    assert again.slo_from_sync == ["itl_ms"] and again.slo.ttft_ms == 300     # a settled spec settles the same
+    assert [round_up(v) for v in (37.2, 111, 1234, 0.53, 50)] == [38, 120, 1300, 0.53, 50]
+    slo, record = derive_slo(SLO(), ["ttft_ms", "itl_ms"], ttft_p99=37.2, itl_p99=None)
+    assert slo.ttft_ms == 120 and slo.itl_ms == 50        # 3 x 37.2 = 111.6 -> 120; no gap measured: kept
+    assert record == {"ttft_ms": {"from_p99_ms": 37.2, "factor": 3.0, "slo_ms": 120},
+                      "itl_ms": {"from_p99_ms": None, "factor": 2.0, "slo_ms": 50.0}}
 
 
 @pytest.mark.parametrize("body, reason", [
@@ -190,6 +204,22 @@ def test_the_knee_is_where_latency_turns_up():
     assert s["slo_max"]["index"] == 2 and s["slo_max"]["requests_per_s"] == 3
     assert s["slo_exit"]["index"] == 3                  # the lowest load below the target
     assert curve_summary(pts, target=0.4)["slo_exit"] is None
+    assert s["slo_none_why"] is None
+
+
+def test_when_no_rate_meets_the_slos_the_summary_says_why():
+    pts = curve([1, 2, 3, 4, 4.2], [10, 11, 12, 15, 60])
+    for p in pts:
+        p["slo_attainment"] = 0.2
+        p["tpot_ms"] = {"p50": 150.0, "p90": 170.0, "p99": 180.0}
+    s = curve_summary(pts, 0.99, SLO(ttft_ms=500, itl_ms=50))
+    assert s["slo_max"] is None
+    assert s["slo_none_why"] == ("no rate met ITL p99 ≤ 50 ms: the lowest load (0: synchronous) had ITL p99 "
+                                 "180 ms")
+    both = none_met_why({**pts[0], "ttft_ms": {"p99": 812.0}}, SLO(ttft_ms=500, itl_ms=50), 0.99)
+    assert both.startswith("no rate met TTFT p99 ≤ 500 ms and ITL p99 ≤ 50 ms: ") and "TTFT p99 812 ms" in both
+    within = none_met_why({**pts[0], "tpot_ms": {"p99": 10.0}}, SLO(ttft_ms=500, itl_ms=50), 0.99)
+    assert within.startswith("no rate had 99% of its requests meet the SLOs: the lowest load (0: synchronous) had 20%")
 
 
 # ---------------------------------------------------------------------------------------- whole sweeps

@@ -65,8 +65,8 @@ def test_a_sweep_through_the_routes(client):
     r = client.post("/api/sweep", json=TINY)
     assert r.status_code == 200, r.text
     sid, total = r.json()["sweep_id"], r.json()["points_total"]
-    assert total == 6 and r.json()["spec"]["slo"] == {"ttft_ms": 500.0, "itl_ms": 50.0, "e2e_ms": None,
-                                                      "target": 0.99}
+    # no SLO given: TTFT and ITL will be the model's own, from the first synchronous run
+    assert total == 6 and r.json()["spec"]["slo_from_sync"] == ["itl_ms", "ttft_ms"]
     # it has the engine to itself: everything else is a conflict, with the reason
     for path, body in (("/api/sweep", TINY), ("/api/burst", {"num_requests": 1}), ("/api/ab", {"num_requests": 1}),
                        ("/api/load", {"concurrency": 1}), ("/api/mode", {"mode": "sync"})):
@@ -87,9 +87,20 @@ def test_a_sweep_through_the_routes(client):
         assert all(p["sent"] == p["completed"] + p["failed"] + p["cancelled"] for p in pts)
         assert all(p["window_us"][0] < p["window_us"][1] for p in pts)
     assert client.get("/api/mode").json() == {"mode": "async", "locked": False, "reason": None}
+    # the SLOs every point was judged by are 3x and 2x the synchronous run's p99s, rounded up, and say so
+    sync = d["modes"]["sync"]["points"][0]
+    derived = d["slo_derived"]
+    assert derived["mode"] == "sync" and derived["index"] == 0
+    assert derived["ttft_ms"]["from_p99_ms"] == pytest.approx(sync["ttft_ms"]["p99"], abs=1e-3)
+    assert derived["itl_ms"]["from_p99_ms"] == pytest.approx(sync["tpot_ms"]["p99"], abs=1e-3)
+    for key, factor in (("ttft_ms", 3), ("itl_ms", 2)):
+        assert derived[key]["factor"] == factor and d["slo"][key] == derived[key]["slo_ms"]
+        assert factor * derived[key]["from_p99_ms"] <= d["slo"][key] <= 1.1 * factor * derived[key]["from_p99_ms"]
+    assert d["modes"]["sync"]["summary"]["slo_max"] is not None or d["modes"]["sync"]["summary"]["slo_none_why"]
 
     doc = client.get(f"/api/sweep/{sid}.json").json()
     jsonschema.validate(doc, SCHEMA)
+    assert doc["slo_derived"] == derived and doc["slo"] == d["slo"]
     assert doc["meta"]["model"] == "tiny-random" and doc["spec"]["seed"] == 1
     assert len(doc["modes"]["async"]["distributions"]) == 3
     first = doc["modes"]["sync"]["distributions"][0]

@@ -30,7 +30,7 @@ KNEE_MIN_GAP = 0.05
 CURVE_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 
 __all__ = ["request_latency", "meets_slo", "point_figures", "point_values", "knee", "curve_summary", "STATS",
-           "CURVE_METRICS"]
+           "CURVE_METRICS", "none_met_why"]
 
 
 def request_latency(t: RequestTiming) -> dict[str, float | None]:
@@ -142,10 +142,11 @@ def _rate(points: list[dict], i: int | None) -> dict | None:
             "output_tokens_per_s": p["output_tokens_per_s"], "slo_attainment": p["slo_attainment"]}
 
 
-def curve_summary(points: list[dict], target: float) -> dict:
+def curve_summary(points: list[dict], target: float, slo: SLO | None = None) -> dict:
     """One mode's curve: the knee of each latency (p50 and p99), the highest throughput whose point met the SLO
     target (`slo_max`), and the first point, in load order, that fell below it (`slo_exit`: where the mode leaves
-    the SLOs). Points are in the order they ran: synchronous, throughput, then the rising rates."""
+    the SLOs); when no point met it, why (`slo_none_why`, from the lowest load's figures). Points are in the order
+    they ran: synchronous, throughput, then the rising rates."""
     order = sorted(range(len(points)), key=lambda i: _load_rank(points[i]))
     ranked = [points[i] for i in order]
     knees = {}
@@ -160,7 +161,32 @@ def curve_summary(points: list[dict], target: float) -> dict:
     meeting = [i for i in complete if points[i]["slo_attainment"] >= target]
     best = max(meeting, key=lambda i: points[i]["requests_per_s"]) if meeting else None
     exit_ = next((i for i in complete if points[i]["slo_attainment"] < target), None)
-    return {"knees": knees, "slo_target": target, "slo_max": _rate(points, best), "slo_exit": _rate(points, exit_)}
+    why = none_met_why(points[complete[0]], slo or SLO(target=target), target) if complete and not meeting else None
+    return {"knees": knees, "slo_target": target, "slo_max": _rate(points, best), "slo_exit": _rate(points, exit_),
+            "slo_none_why": why}
+
+
+SLO_CHECKS = (("ttft_ms", "ttft_ms", "TTFT"), ("itl_ms", "tpot_ms", "ITL"), ("e2e_ms", "e2e_ms", "E2E"))
+
+
+def none_met_why(lowest: dict, slo: SLO, target: float) -> str:
+    """Why no rate met the SLOs, in words, from the lowest load's point (if that one misses, every rate does):
+    "no rate met ITL p99 ≤ 50 ms: the lowest load's ITL p99 was 180 ms (0: synchronous)". Where its p99s are
+    all within the SLOs, its attainment fell short some other way (a slower 1% in between, or failed, skipped or
+    cut requests)."""
+    over = []
+    for key, field, name in SLO_CHECKS:
+        limit, p99 = getattr(slo, key), (lowest.get(field) or {}).get("p99")
+        if limit is not None and p99 is not None and p99 > limit:
+            over.append((name, limit, p99))
+    where = f"the lowest load ({lowest['index']}: {lowest['kind']})"
+    if over:
+        asked = " and ".join(f"{n} p99 ≤ {limit:g} ms" for n, limit, _ in over)
+        was = ", ".join(f"{n} p99 {p99:,.0f} ms" for n, _, p99 in over)
+        return f"no rate met {asked}: {where} had {was}"
+    att = lowest.get("slo_attainment") or 0.0
+    return (f"no rate had {target:.0%} of its requests meet the SLOs: {where} had {att:.0%} "
+            f"(failed, skipped and cut requests count as misses)")
 
 
 def _load_rank(p: dict) -> tuple:

@@ -30,7 +30,7 @@ def document(status: dict, values: dict[str, list[dict]], meta: dict, created: f
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
             "state": status["state"], "stop_reason": status["stop_reason"], "error": status["error"],
             "meta": {**meta, "batchscope": __version__}, "spec": status["spec"], "slo": status["slo"],
-            "modes": modes}
+            "slo_derived": status.get("slo_derived"), "modes": modes}
 
 
 def _row(source: str, series: str, p: dict) -> list:

@@ -73,6 +73,7 @@ class CurveSummary(BaseModel):
     slo_target: float
     slo_max: RatePick | None                        # the highest throughput whose point met the target
     slo_exit: RatePick | None                       # the first point, in load order, below the target
+    slo_none_why: str | None = None                 # no point met the target: why, in words
 
 
 class ModeCurve(BaseModel):
@@ -111,6 +112,8 @@ class SweepStatus(BaseModel):
     current: SweepCurrent | None
     elapsed_s: float
     mode: Mode | None                               # the mode running now
+    # spec.slo_from_sync's SLOs, once derived: the point they came from, per key {from_p99_ms, factor, slo_ms}
+    slo_derived: dict | None = None
 
 
 class SweepStarted(BaseModel):

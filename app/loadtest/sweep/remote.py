@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .spec import DEFAULT_ITL_MS, DEFAULT_RATE_POINTS, DEFAULT_TARGET, DEFAULT_TTFT_MS
+from .spec import DEFAULT_RATE_POINTS, DEFAULT_TARGET, SLO_ITL_FACTOR, SLO_TTFT_FACTOR
 
 POLL_S = 0.5
 
@@ -38,9 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", default=None, help="or these offered rates (req/s, comma-separated), in every mode")
     p.add_argument("--duration", type=float, default=None, help="seconds per point (default: 10, unless --requests)")
     p.add_argument("--requests", type=int, default=None, help="requests per point")
-    p.add_argument("--slo-ttft-ms", type=float, default=DEFAULT_TTFT_MS, help="held against each request's TTFT")
-    p.add_argument("--slo-itl-ms", type=float, default=DEFAULT_ITL_MS,
-                   help="held against each request's mean gap between tokens (its TPOT)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None,
+                   help=f"held against each request's TTFT (default: {SLO_TTFT_FACTOR:g}x the synchronous run's p99)")
+    p.add_argument("--slo-itl-ms", type=float, default=None,
+                   help=f"held against each request's mean gap between tokens (its TPOT) (default: "
+                        f"{SLO_ITL_FACTOR:g}x the synchronous run's p99)")
     p.add_argument("--slo-e2e-ms", type=float, default=None,
                    help="held against each request's end-to-end latency (default: none)")
     p.add_argument("--target", type=float, default=DEFAULT_TARGET, help="SLO attainment a rate must reach (0-1)")
@@ -74,8 +76,9 @@ def _lengths(text: str | None, name: str):
 
 def sweep_body(args) -> dict:
     """The POST /api/sweep body the options ask for; the server checks it (a 400 names the field)."""
-    slo = {"ttft_ms": args.slo_ttft_ms, "itl_ms": args.slo_itl_ms, "e2e_ms": args.slo_e2e_ms,
-           "target": args.target}
+    # a TTFT or ITL SLO left out is the model's own, from the sweep's synchronous run
+    slo = {"e2e_ms": args.slo_e2e_ms, "target": args.target}
+    slo.update({k: v for k, v in (("ttft_ms", args.slo_ttft_ms), ("itl_ms", args.slo_itl_ms)) if v is not None})
     body = {"modes": [m.strip() for m in args.modes.split(",") if m.strip()], "seed": args.seed,
             "arrival": args.arrival, "slo": slo, "warm_up": not args.no_warm_up}
     if args.rates:
@@ -164,7 +167,8 @@ def summary_lines(doc: dict) -> list[str]:
     for mode, curve in doc["modes"].items():
         s = curve.get("summary") or {}
         best, leaves = s.get("slo_max"), s.get("slo_exit")
-        meets = f"up to {best['requests_per_s']:.2f} req/s ({best['kind']})" if best else "at no point"
+        meets = f"up to {best['requests_per_s']:.2f} req/s ({best['kind']})" if best else (
+            f"at no point: {s['slo_none_why']}" if s.get("slo_none_why") else "at no point")
         exits = f"{leaves['requests_per_s']:.2f} req/s" if leaves else "not within the sweep"
         knee = ((s.get("knees") or {}).get("ttft_ms") or {}).get("p99")
         bend = f"TTFT p99 knee at {knee['requests_per_s']:.2f} req/s" if knee else "no TTFT p99 knee"

@@ -5,9 +5,16 @@ requests always in flight), then `points` offered rates evenly spaced between th
 measured (GuideLLM's sweep), or the `rates` the caller gives (the same in every mode). Every point runs for
 `duration_s` or sends `requests` requests, whichever bound comes first; then what is still in flight may take
 `drain_s` to finish before it is cancelled. POST /api/sweep takes a SweepSpec as its body.
+
+The TTFT and ITL SLOs a caller leaves out are the model's own: SLO_TTFT_FACTOR x the TTFT p99 and SLO_ITL_FACTOR x
+the ITL p99 (each request's mean gap, what the ITL SLO is held against) of the sweep's first point, its first mode's
+synchronous run, rounded up to two significant figures (`derive_slo`). A fixed 500 ms / 50 ms says nothing on a
+small CPU model whose every request, alone, takes longer; k x its unloaded latency asks "how much load before
+latency grows k-fold", which has an answer on any model.
 """
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, field_validator
@@ -18,7 +25,10 @@ SCHEMA = "batchscope.sweep/1"               # the export's format (docs/sweep.md
 DEFAULT_POINT_S = 10.0                      # a point's length when the caller gives neither duration nor requests
 DEFAULT_DRAIN_S = 30.0                      # at most this long (or the point's duration, if longer) to finish
 DEFAULT_TTFT_MS = 500.0                     # SLO defaults: an interactive chat's first token within half a second
-DEFAULT_ITL_MS = 50.0                       # and 20 tokens/s or better after it
+DEFAULT_ITL_MS = 50.0                       # and 20 tokens/s or better after it (a sweep derives its own instead)
+SLO_TTFT_FACTOR = 3.0                       # a sweep's derived SLOs: 3x the synchronous run's TTFT p99
+SLO_ITL_FACTOR = 2.0                        # and 2x its ITL p99
+DERIVABLE = ("ttft_ms", "itl_ms")
 DEFAULT_TARGET = 0.99
 DEFAULT_RATE_POINTS = 4
 
@@ -47,6 +57,9 @@ class SweepSpec(RequestShape):
     drain_s: float | None = Field(None, gt=0)
     warm_up: StrictBool = True                          # a few requests in each mode before the first point
     slo: SLO = Field(default_factory=SLO)
+    # the SLO latencies taken from the sweep's first synchronous run (module docstring); left out of a request:
+    # those of ttft_ms and itl_ms its slo does not give. Until that run has ended they hold the defaults.
+    slo_from_sync: list[Literal["ttft_ms", "itl_ms"]] | None = None
 
     @field_validator("modes")
     @classmethod
@@ -87,8 +100,12 @@ class SweepSpec(RequestShape):
                 raise ValueError(f"{len(self.modes)} mode(s) x {2 + points} runs x {duration:g} s is {total:g} s, "
                                  f"over the limit of {limits.max_sweep_duration_s:g} s for one sweep")
         drain = self.drain_s or max(DEFAULT_DRAIN_S, duration or 0.0)
+        derive = self.slo_from_sync
+        if derive is None:
+            given = self.slo.model_fields_set if "slo" in self.model_fields_set else set()
+            derive = [k for k in DERIVABLE if k not in given]
         return self.model_copy(update={**fields, "duration_s": duration, "max_concurrency": conc,
-                                       "drain_s": drain})
+                                       "drain_s": drain, "slo_from_sync": sorted(set(derive))})
 
 
 def _check_rates(rates: list[float] | None, duration: float | None, limits: Limits) -> None:
@@ -108,3 +125,27 @@ def spaced_rates(sync_rps: float, throughput_rps: float, n: int) -> list[float]:
     if hi <= 0:
         raise ValueError("neither the synchronous nor the throughput run completed a request: no rate to sweep")
     return [lo + (hi - lo) * (i + 1) / n for i in range(n)]
+
+
+def round_up(v: float) -> float:
+    """Up to two significant figures: 37.2 -> 38, 111 -> 120, 1234 -> 1300 (an SLO reads as a round number)."""
+    if v <= 0:
+        return v
+    step = 10 ** (math.floor(math.log10(v)) - 1)
+    return round(math.ceil(v / step - 1e-9) * step, 6)
+
+
+def derive_slo(slo: SLO, keys: list[str], ttft_p99: float | None, itl_p99: float | None) -> tuple[SLO, dict]:
+    """The SLO with `keys` taken from a synchronous run's p99s, and the record of it (docs/sweep.md
+    `slo_derived`): per key the p99 it came from, the factor and the SLO. A key whose p99 the run has not (no
+    request finished; one-token outputs have no gap) keeps its value and says so (`from_p99_ms` null)."""
+    basis = {"ttft_ms": (ttft_p99, SLO_TTFT_FACTOR), "itl_ms": (itl_p99, SLO_ITL_FACTOR)}
+    update, record = {}, {}
+    for key in keys:
+        p99, factor = basis[key]
+        if p99 is None or p99 <= 0:
+            record[key] = {"from_p99_ms": None, "factor": factor, "slo_ms": getattr(slo, key)}
+            continue
+        update[key] = max(round_up(factor * p99), 0.001)
+        record[key] = {"from_p99_ms": round(p99, 3), "factor": factor, "slo_ms": update[key]}
+    return slo.model_copy(update=update), record

@@ -22,7 +22,7 @@ from ..runs import InFlight
 from ..sender import sleep_until
 from .files import document
 from .curves import curve_summary, point_figures, point_values
-from .spec import SweepSpec, spaced_rates
+from .spec import SweepSpec, derive_slo, spaced_rates
 from .progress import ModeCurve, SweepCurrent, SweepList, SweepStarted, SweepStatus
 
 MAX_KEPT_SWEEPS = 20
@@ -95,6 +95,7 @@ class SweepRun:
     values: dict[str, list[dict]] = field(default_factory=dict)     # the raw values behind each point
     summaries: dict[str, dict] = field(default_factory=dict)
     current: PointRun | None = None
+    slo_derived: dict | None = None     # how spec.slo_from_sync's SLOs were derived, once the first point ran
     ended: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
@@ -126,7 +127,7 @@ class SweepRun:
                            points_done=sum(len(p) for p in self.points.values()), points_total=self.points_total,
                            current=pt.progress() if pt is not None else None,
                            elapsed_s=((self.end_ns or time.perf_counter_ns()) - self.start_ns) / 1e9,
-                           mode=self.mode if running else None)
+                           mode=self.mode if running else None, slo_derived=self.slo_derived)
 
     def document(self) -> dict:
         return document(self.status().model_dump(mode="json"), self.values, self.meta, self.created)
@@ -216,7 +217,7 @@ class Sweeps:
                 try:
                     self._run_mode(run, mode)
                 finally:
-                    run.summaries[mode] = curve_summary(run.points[mode], run.spec.slo.target)
+                    run.summaries[mode] = curve_summary(run.points[mode], run.spec.slo.target, run.spec.slo)
         except Exception as e:          # a crashed sweep must report, not vanish
             run.error = f"{type(e).__name__}: {e}" if not isinstance(e, RuntimeError) else str(e)
             run.stop_reason = "error"
@@ -256,6 +257,8 @@ class Sweeps:
         stopped = run.stopping
         ended = [t for t in timings if t.ok or not pt.flight.cancel.is_set()]
         cancelled = len(timings) - len(ended)
+        if kind == "synchronous" and run.spec.slo_from_sync and run.slo_derived is None:
+            self._derive_slo(run, mode, pt.index, ended)
         figures = point_figures(ended, pt.start_ns, end_ns, run.spec.slo, cancelled=cancelled, skipped=pt.skipped,
                                 cut=0 if stopped else cancelled)
         point = {"index": pt.index, "mode": mode, "kind": kind, "offered_rate": rate, "concurrency": concurrency,
@@ -267,6 +270,15 @@ class Sweeps:
             errors = sorted({t.error for t in ended if t.error})
             raise RuntimeError(f"the {kind} run in {mode} completed no request: {'; '.join(errors[:3])}")
         return point
+
+    @staticmethod
+    def _derive_slo(run: SweepRun, mode: str, index: int, ended: list[RequestTiming]) -> None:
+        """The SLOs the caller left out, from the sweep's first synchronous run (spec.py's docstring): every point,
+        this one included and both modes, is judged by them."""
+        lat = point_figures(ended, 0, 1, run.spec.slo)
+        slo, record = derive_slo(run.spec.slo, run.spec.slo_from_sync, lat["ttft_ms"]["p99"], lat["tpot_ms"]["p99"])
+        run.spec = run.spec.model_copy(update={"slo": slo})
+        run.slo_derived = {"mode": mode, "index": index, "kind": "synchronous", **record}
 
     async def _drive(self, pt: PointRun) -> tuple[list[RequestTiming], int]:
         """Send the point's requests (closed loop for synchronous and throughput, open loop at the offered rate
