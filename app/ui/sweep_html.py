@@ -54,11 +54,17 @@ def _achieved(pick: dict | None) -> str:
 
 
 def _offered(pick: dict | None) -> str:
-    """What the point asked of it: the offered rate (none for the synchronous and throughput runs) and the point."""
+    """What the point asked of it: its offered rate, or how it loaded the server where it had none."""
     if not pick:
-        return ""
-    rate = f"{pick['offered_rate']:.2f} req/s " if pick.get("offered_rate") else ""
-    return f"{rate}<small>{e_(str(pick['index']))}: {e_(KIND_TEXT.get(pick['kind'], pick['kind']))}</small>"
+        return "–"
+    if pick.get("offered_rate"):
+        return f"{pick['offered_rate']:.2f} req/s"
+    return {"synchronous": "one at a time", "throughput": "all in flight"}.get(pick["kind"], "–")
+
+
+def _point(pick: dict | None) -> str:
+    """Which point: its index and kind, "2: constant rate"."""
+    return "–" if not pick else f"{e_(str(pick['index']))}: {e_(KIND_TEXT.get(pick['kind'], pick['kind']))}"
 
 
 def e_(text: str) -> str:
@@ -78,20 +84,23 @@ def sweep_summary_html(st: dict) -> str:
             ("TTFT p99 knee", lambda s: ((s.get("knees") or {}).get("ttft_ms") or {}).get("p99")),
             ("ITL p99 knee", lambda s: ((s.get("knees") or {}).get("itl_ms") or {}).get("p99")),
             ("E2E p99 knee", lambda s: ((s.get("knees") or {}).get("e2e_ms") or {}).get("p99"))]
-    head = "".join(f'<th class="{e_(m)}" colspan="2">{e_(m)}</th>' for m in modes)
-    sub = "<th>achieved</th><th>offered</th>" * len(modes)
+    # per mode three columns: which point, the rate it offered and the rate the server achieved, never one cell
+    head = "".join(f'<th class="{e_(m)}" colspan="3">{e_(m)}</th>' for m in modes)
+    sub = "<th>point</th><th>offered</th><th>achieved</th>" * len(modes)
 
-    def cells(label: str, pick: dict | None) -> str:
+    def cells(label: str, pick: dict | None, s: dict) -> str:
         if pick is None and label == "leaves them at":
-            return '<td colspan="2">not within the sweep</td>'
-        return f"<td>{_achieved(pick)}</td><td>{_offered(pick)}</td>"
+            return '<td colspan="3">not within the sweep</td>'
+        if pick is None and s.get("slo_none_why") and label.startswith("meets"):
+            return f'<td colspan="3" class="bs-sweep-why">{e_(s["slo_none_why"])}</td>'
+        return f"<td>{_point(pick)}</td><td>{_offered(pick)}</td><td>{_achieved(pick)}</td>"
 
-    body = "".join(f"<tr><th>{label}</th>" + "".join(cells(label, read(s)) for s in modes.values()) + "</tr>"
+    body = "".join(f"<tr><th>{label}</th>" + "".join(cells(label, read(s), s) for s in modes.values()) + "</tr>"
                    for label, read in rows)
-    top = "".join(f"<td>{_top(c.get('points') or [])}</td><td><small>all in flight</small></td>"
-                  for c in st["modes"].values() if c.get("points"))
+    top = "".join(_top(c.get("points") or []) for c in st["modes"].values() if c.get("points"))
     body += f"<tr><th>throughput run</th>{top}</tr>"
     limits = ", ".join(f"{k.split('_')[0].upper()} ≤ {v:g} ms" for k, v in slo.items() if k != "target" and v)
+    limits += derived_text(st.get("slo_derived"))
     sid = e_(st["id"])
     links = (f'<div class="bs-sweep-downloads">download <a id="bs-sweep-json" href="/api/sweep/{sid}.json?download=1"'
              f' download>JSON</a> · <a id="bs-sweep-csv" href="/api/sweep/{sid}.csv?download=1" download>CSV</a>'
@@ -102,11 +111,25 @@ def sweep_summary_html(st: dict) -> str:
             f'(ITL against each request\'s mean gap)</div>{links}')
 
 
+def derived_text(derived: dict | None) -> str:
+    """" (TTFT and ITL from the synchronous run in sync: 3x and 2x its p99 of 37 and 18 ms)", or "" when the
+    caller set them."""
+    keys = [k for k in ("ttft_ms", "itl_ms") if (derived or {}).get(k, {}).get("from_p99_ms") is not None]
+    if not keys:
+        return ""
+    names = " and ".join(k.split("_")[0].upper() for k in keys)
+    factors = " and ".join(f"{derived[k]['factor']:g}x" for k in keys)
+    p99s = " and ".join(f"{derived[k]['from_p99_ms']:,.1f}" for k in keys)
+    return f" ({names} from the synchronous run in {derived.get('mode')}: {factors} its p99 of {p99s} ms)"
+
+
 def _top(points: list[dict]) -> str:
+    """The throughput run's three cells: its point, "all in flight", what it achieved (requests and tokens)."""
     p = next((p for p in points if p["kind"] == "throughput"), None)
     if p is None:
-        return "–"
-    return f"{number_text(p['requests_per_s'], 2)} req/s · {number_text(p['output_tokens_per_s'])} tok/s"
+        return '<td colspan="3">–</td>'
+    return (f"<td>{_point(p)}</td><td>{_offered(p)}</td><td>{number_text(p['requests_per_s'], 2)} req/s · "
+            f"{number_text(p['output_tokens_per_s'])} tok/s</td>")
 
 
 def import_html(report: dict) -> str:

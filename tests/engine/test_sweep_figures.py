@@ -65,6 +65,32 @@ def test_the_panel_fields_are_the_api_spec():
                        ((["sync"], 1, 1, 8, 8, 500, 50, "0", 0.99), "e2e_ms")):
         with pytest.raises(ValidationError, match=field):
             sweep_spec(*bad)
+    # empty TTFT / ITL fields: the sweep takes them from its synchronous run; "none": not checked
+    empty = sweep_spec(["sync"], 1, 1, 8, 8, "", " ", "", 0.99)
+    assert "ttft_ms" not in empty.slo.model_fields_set and "itl_ms" not in empty.slo.model_fields_set
+    typed = sweep_spec(["sync"], 1, 1, 8, 8, "300", "none", "", 0.99)
+    assert typed.slo.ttft_ms == 300 and typed.slo.itl_ms is None and typed.slo.model_fields_set >= {"ttft_ms", "itl_ms"}
+
+
+def test_the_summary_table_has_point_offered_and_achieved_columns_and_says_why_none_met():
+    html = sweep_summary_html(status())
+    assert "<th>point</th><th>offered</th><th>achieved</th>" * 2 in html
+    # the highest rate meeting the SLOs: point 3, offered 3.00, achieved 3.00, each in its own cell
+    assert "<td>3: constant rate</td><td>3.00 req/s</td><td>3.00 req/s</td>" in html
+    assert "<td>4: constant rate</td><td>4.20 req/s</td><td>4.00 req/s</td>" in html      # where it leaves them
+    assert "<td>1: throughput</td><td>all in flight</td><td>4.20 req/s · 42.0 tok/s</td>" in html
+    st = status()
+    for c in st["modes"].values():
+        c["summary"] = {**c["summary"], "slo_max": None,
+                        "slo_none_why": "no rate met ITL p99 ≤ 50 ms: the lowest load (0: synchronous) had ITL p99 "
+                                        "180 ms"}
+    st["slo_derived"] = {"mode": "sync", "index": 0, "kind": "synchronous",
+                         "ttft_ms": {"from_p99_ms": 37.2, "factor": 3.0, "slo_ms": 120.0},
+                         "itl_ms": {"from_p99_ms": 18.4, "factor": 2.0, "slo_ms": 38.0}}
+    html = sweep_summary_html(st)
+    assert '<td colspan="3" class="bs-sweep-why">no rate met ITL p99 ≤ 50 ms: the lowest load' in html
+    assert "– / –" not in html
+    assert "(TTFT and ITL from the synchronous run in sync: 3x and 2x its p99 of 37.2 and 18.4 ms)" in html
 
 
 def test_the_committed_h200_sweep_draws_and_says_where_each_mode_leaves_the_slos():
