@@ -6,6 +6,7 @@ server. Each command imports what it needs inside its function (the server, the 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import threading
@@ -23,6 +24,7 @@ DEFAULT_PORT = 7860
 
 
 def main(argv: list[str] | None = None) -> int:
+    _log_to_stderr()
     parser = build_parser()
     args = parser.parse_args(compare_sides(sys.argv[1:] if argv is None else list(argv)))
     rc = args.func(args)
@@ -30,6 +32,18 @@ def main(argv: list[str] | None = None) -> int:
         from batchscope.engine.parallel.ranks import leave
         rc = leave(rc)
     return rc
+
+
+def _log_to_stderr() -> None:
+    """The library logs under "batchscope" (the engine's notes, a failed rank, a bug it survived); the command
+    line shows them on stderr as it shows its own messages."""
+    log = logging.getLogger("batchscope")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("batchscope: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
 import os
 import random
 import tempfile
 import threading
 import time
-import traceback
 from typing import Sequence
 
 import torch
@@ -28,6 +28,8 @@ from .runner import ModelRunner
 from .scheduler import Scheduler
 
 Prompt = str | Sequence[int]
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -202,7 +204,7 @@ class Engine:
                 try:
                     LOOPS[mode](core)
                 except Exception:       # a bug outside any step: report it and keep serving
-                    traceback.print_exc()
+                    log.exception("the engine loop failed outside any step; it keeps serving")
                     time.sleep(0.01)
         core.shutdown()
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import sys
+import logging
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -32,6 +32,8 @@ from .forward import StepForward
 from .model.experts import GRAPH_SAFE_EXPERTS, experts_configs, experts_implementation, fused_experts_fit
 from .sampler import SAMPLE_PATHS, sample_path
 from .scheduler import StepPlan
+
+log = logging.getLogger(__name__)
 
 MAX_MIXED_TOKENS = 2048     # a larger budget keeps its mixed steps eager (they are long and compute-bound)
 
@@ -215,7 +217,7 @@ class StepGraphs:
                 for k in [k for k in self.graphs if k[1].kind == "mixed"]:
                     del self.graphs[k]
                     self.timed.discard(k)
-                print(f"batchscope: {self.mixed_note}", file=sys.stderr, flush=True)
+                log.warning("%s", self.mixed_note)
                 return
             if path == greedy:
                 raise
@@ -337,5 +339,4 @@ class StepGraphs:
         gc.collect()
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
-        print(f"batchscope: CUDA graphs are off for this model, every step runs eagerly: {reason}",
-              file=sys.stderr, flush=True)
+        log.warning("CUDA graphs are off for this model, every step runs eagerly: %s", reason)

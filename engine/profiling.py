@@ -22,12 +22,14 @@ timeline as GPU idle. The trace is written (Chrome trace JSON, gzipped) on a thr
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
-import traceback
 
 import torch
+
+log = logging.getLogger(__name__)
 
 MAX_WINDOW_STEPS = 1000
 _NULL = contextlib.nullcontext()
@@ -180,7 +182,7 @@ def _write(prof, cap: ProfileCapture) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(cap.path)), exist_ok=True)
         prof.export_chrome_trace(cap.path)
     except Exception as exc:
-        traceback.print_exc()
+        log.exception("writing the profiler's trace failed")
         cap._finish("error", f"writing the trace failed: {type(exc).__name__}: {exc}")
         return
     cap._finish("done")

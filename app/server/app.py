@@ -20,7 +20,6 @@ import ipaddress
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -177,7 +176,7 @@ class CancelledAtShutdown(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, asyncio.CancelledError) and "shutdown" in str(exc):
-            print("batchscope: closed a stream a page still held open at shutdown", file=sys.stderr, flush=True)
+            logging.getLogger("batchscope.app.server").info("closed a stream a page still held open at shutdown")
             return False
         return True
 

@@ -4,15 +4,17 @@ the SmolLM2 tokenizer), none of which needs a download."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 from ..config import ConfigError
+
+log = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Random presets that a tensor-parallel rank builds at its share's shapes directly (see load_model): the whole
@@ -45,8 +47,7 @@ def smollm2_checkpoint() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _smollm2_gguf_path()
-    print(f"batchscope: converting the embedded SmolLM2-135M ({gguf.name}) to {target} (first start only)",
-          file=sys.stderr, flush=True)
+    log.warning("converting the embedded SmolLM2-135M (%s) to %s (first start only)", gguf.name, target)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dequantized to float: drop the GGUF quantizer so the model saves as plain safetensors.

@@ -23,6 +23,7 @@ them to host time as it maps rank 0's own (telemetry/clock.py), so there is one 
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import secrets
@@ -41,6 +42,8 @@ import torch
 import torch.distributed as dist
 
 from ..config import ConfigError
+
+log = logging.getLogger(__name__)
 
 STEP, FLUSH, STOP = b"S", b"F", b"Q"
 START_TIMEOUT_S = 1800          # loading a 70B share and the first NCCL start on a fresh machine take minutes
@@ -194,15 +197,14 @@ class Peers(RankGroup):
                 if not self.closed:
                     code = self.procs[rank - 1].poll()
                     self.lost = self.lost or f"tensor-parallel rank {rank} exited (code {code})"
-                    print(f"batchscope: {self.lost}; the engine cannot run steps any more", file=sys.stderr,
-                          flush=True)
+                    log.error("%s; the engine cannot run steps any more", self.lost)
                 return
             if msg[0] == "spans":
                 self.spans.extend(msg[1])
             elif msg[0] == "error":
                 last = msg[1].strip().splitlines()[-1] if msg[1].strip() else "?"
                 self.lost = self.lost or f"tensor-parallel rank {rank} failed ({last})"
-                print(f"batchscope: tensor-parallel rank {rank} failed:\n{msg[1]}", file=sys.stderr, flush=True)
+                log.error("tensor-parallel rank %d failed:\n%s", rank, msg[1])
 
     # -- serving (engine thread) --------------------------------------------------------------------------------
     def send_step(self, batch) -> None:
