@@ -260,3 +260,32 @@ def test_the_cli_refuses_a_report_that_is_not_what_it_claims(served, tmp_path, c
     assert rc == 2 and "no 'config'" in capsys.readouterr().err
     rc = cli_main(["sweep", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "s.json")])
     assert rc == 2 and "cannot reach" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ a quick sweep
+
+QUICK_LIMITS = LIMITS.model_copy(update={"max_load_concurrency": 256, "max_new_tokens": 512,
+                                         "max_load_requests": 4000, "max_sweep_rate": 2000})
+
+
+def test_a_quick_sweep_is_quick_its_throughput_run_queues_no_more_than_the_point_can_finish():
+    """1 s a point, long outputs, 256 allowed in flight on an engine that runs 32 at once: the throughput run used
+    to queue all 256 and take 10-20 s to drain its second. Now it keeps in flight what the engine finishes within
+    its latency budget (half a point, or twice an unloaded request's latency if longer), so every point lasts
+    about its second plus that budget (the bounds below are generous guards for a busy machine)."""
+    spec = {"modes": ["async"], "points": 2, "duration_s": 1.0, "prompt_tokens": 8, "max_new_tokens": 256,
+            "ignore_eos": True, "seed": 3}
+    with tiny_served(QUICK_LIMITS, ui=False, num_blocks=4096, max_batch_tokens=512) as (srv, _):
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            r = c.post("/api/sweep", json=spec)
+            assert r.status_code == 200, r.text
+            d = ended(c, r.json()["sweep_id"])
+    assert d["state"] == "done", d["error"]
+    pts = d["modes"]["async"]["points"]
+    assert [p["kind"] for p in pts] == ["synchronous", "throughput", "constant", "constant"]
+    top = pts[1]
+    assert top["completed"] > 0 and top["cancelled"] == 0
+    assert 1 <= top["concurrency"] < 256          # the most it had in flight: what the engine could finish
+    budget = max(0.5, 2 / pts[0]["requests_per_s"])
+    assert top["duration_s"] < 2 + 2 * budget, (top["duration_s"], budget)
+    assert d["elapsed_s"] < 60, d["elapsed_s"]

@@ -32,7 +32,7 @@ class SweepPoint(BaseModel):
     mode: str | None = None                         # "sync" | "async" here; a series name in a foreign report
     kind: PointKind
     offered_rate: float | None                      # req/s; None for synchronous, throughput and concurrent
-    concurrency: int | None = None                  # requests kept in flight (synchronous 1, throughput its cap)
+    concurrency: int | None = None                  # in flight: synchronous 1, throughput the most it had
     complete: bool = True                           # False: cut short by a stop
     duration_s: float | None = None
     sent: int | None = None

@@ -4,12 +4,20 @@ client side like a burst (spec.py says what a sweep asks for, curves.py how a po
 A sweep has the engine to itself while it runs (BurstManager.hold_engine): it switches the mode itself, the mode
 toggle is locked as an A/B locks it, and no burst, A/B or load starts beside it. Every point sends the same
 seeded requests in the same order (plans.prompt_stream), so point i of each mode sees the same prompts.
+The throughput run keeps at most `PointRun.cap` requests in flight: what the engine finishes within its latency
+budget, the longer of half the point's duration and twice an unloaded request's latency (the synchronous run's).
+By Little's law (in flight = rate x latency) that is the requests/s achieved so far x the budget: it starts from the
+synchronous run's rate and grows as batching pays, up to max_concurrency. A GPU that batches well reaches
+max_concurrency once its first requests come back; a CPU that does not stops where a request takes about the
+budget, instead of queueing hundreds that then take many times the point to drain (a "5 s" point that ran 40).
+A point so lasts about its duration plus one budget at most.
 A stop ends the point running now (what it has in flight is cancelled and counted, nothing is dropped) and keeps
 the points already done. `Sweeps` starts sweeps, keeps the last few and the foreign reports uploaded beside them.
 """
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import threading
 import time
@@ -29,6 +37,8 @@ MAX_KEPT_SWEEPS = 20
 MAX_KEPT_IMPORTS = 8
 STOP_WAIT_S = 10.0                  # POST /api/sweep/{id}/stop waits this long for the sweep to wind down
 DRAIN_POLL_S = 0.02
+CAP_SHARE = 0.5                     # a throughput run's latency budget: this share of a point,
+CAP_UNLOADED = 2.0                  # or this many times an unloaded request's latency, whichever is longer
 
 
 @dataclass
@@ -50,6 +60,10 @@ class PointRun:
     draining: bool = False              # sending is over
     cut: int = 0                        # cancelled at the drain bound
     mode_moved: bool = False
+    cap: int | None = None              # a throughput run's requests in flight now (module docstring)
+    budget_s: float | None = None       # and the latency it keeps them within
+    peak: int = 0                       # the most it had in flight
+    completed: int = 0                  # a throughput run's requests back so far, for its cap
 
     def bound_reached(self) -> bool:
         """Is the sending over (stopped, or past the duration or the request count)? Then it drains."""
@@ -67,6 +81,15 @@ class PointRun:
         self.sent += 1
         self.arrivals += 1
         return True
+
+    def came_back(self, timing: RequestTiming) -> None:
+        """A throughput run's cap, after a request came back: the rate achieved so far x the point's duration
+        (module docstring); it only grows."""
+        if self.cap is None or self.budget_s is None or not timing.ok:
+            return
+        self.completed += 1
+        rate = self.completed / max((time.perf_counter_ns() - self.start_ns) / 1e9, 1e-3)
+        self.cap = max(self.cap, min(self.concurrency, math.ceil(rate * self.budget_s)))
 
     def on_chunk(self, now_ns: int, tokens: int, mode) -> None:
         if mode is not None and mode != self.mode:
@@ -237,16 +260,21 @@ class Sweeps:
         sync = self._point(run, mode, "synchronous", None, 1)
         if run.stopping:
             return
-        top = self._point(run, mode, "throughput", None, spec.max_concurrency)
+        top = self._point(run, mode, "throughput", None, spec.max_concurrency,
+                          budget_s=_latency_budget(sync["requests_per_s"], spec.duration_s))
         rates = spec.rates or spaced_rates(sync["requests_per_s"], top["requests_per_s"], spec.points)
         for rate in rates:
             if run.stopping:
                 return
             self._point(run, mode, spec.arrival, rate, None)
 
-    def _point(self, run: SweepRun, mode: str, kind: str, rate: float | None, concurrency: int | None) -> dict:
+    def _point(self, run: SweepRun, mode: str, kind: str, rate: float | None, concurrency: int | None,
+               budget_s: float | None = None) -> dict:
         pt = PointRun(mode=mode, index=len(run.points[mode]), kind=kind, offered_rate=rate,
-                      concurrency=concurrency, spec=run.spec)
+                      concurrency=concurrency, spec=run.spec, budget_s=budget_s)
+        if budget_s is not None:        # the throughput run: first, what one at a time finishes in the budget
+            sync_rps = run.points[mode][0]["requests_per_s"]
+            pt.cap = max(1, min(concurrency, math.ceil(sync_rps * budget_s)))
         run.current = pt
         if run.stopping:                # stopped between the check and here: the stop found no point to cut
             pt.flight.cancel_all()
@@ -261,6 +289,8 @@ class Sweeps:
             self._derive_slo(run, mode, pt.index, ended)
         figures = point_figures(ended, pt.start_ns, end_ns, run.spec.slo, cancelled=cancelled, skipped=pt.skipped,
                                 cut=0 if stopped else cancelled)
+        if budget_s is not None:        # the throughput run: the most it had in flight, not the bound it grew to
+            concurrency = pt.peak
         point = {"index": pt.index, "mode": mode, "kind": kind, "offered_rate": rate, "concurrency": concurrency,
                  "complete": not stopped, **figures, **_window_figures(window),
                  "mode_moved": pt.mode_moved}
@@ -290,17 +320,26 @@ class Sweeps:
 
         async def one(p):
             pt.in_flight += 1
+            pt.peak = max(pt.peak, pt.in_flight)
             try:
-                timings.append(await self.runs.sender.send(pt, p))
+                timing = await self.runs.sender.send(pt, p)
+                timings.append(timing)
+                pt.came_back(timing)
             finally:
                 pt.in_flight -= 1
                 pt.finished += 1
 
         if pt.offered_rate is None:
-            async def worker():
-                while pt.take():
+            async def worker(k: int):
+                while True:
+                    while pt.cap is not None and k >= pt.cap:      # not yet let in by the slow start
+                        if pt.bound_reached():
+                            return
+                        await asyncio.sleep(DRAIN_POLL_S)
+                    if not pt.take():
+                        return
                     await one(next(plan))
-            await asyncio.gather(*(worker() for _ in range(pt.concurrency)))
+            await asyncio.gather(*(worker(k) for k in range(pt.concurrency)))
         else:
             await self._open_loop(pt, plan, one)
         guard.cancel()
@@ -342,6 +381,14 @@ class Sweeps:
         if await sleep_until(pt.flight, time.perf_counter_ns() + int(pt.spec.drain_s * 1e9)) and pt.in_flight:
             pt.cut = pt.in_flight
             pt.flight.cancel_all()
+
+
+def _latency_budget(sync_rps: float, duration_s: float | None) -> float | None:
+    """The throughput run's latency budget (module docstring); None without a duration (a request-count bound:
+    every request is sent, however long that takes) or without an unloaded rate to start from."""
+    if duration_s is None or sync_rps <= 0:
+        return None
+    return max(CAP_SHARE * duration_s, CAP_UNLOADED / sync_rps)
 
 
 def _window_figures(window: dict | None) -> dict:
