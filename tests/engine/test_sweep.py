@@ -17,7 +17,8 @@ from batchscope.app.loadtest.refusals import EngineTaken, ModeLocked, validation
 from batchscope.app.loadtest.specs import BurstSpec, Limits, LoadSpec
 from batchscope.app.loadtest.sweep.sweeps import Sweeps
 from batchscope.app.loadtest.sweep.files import to_csv
-from batchscope.app.loadtest.sweep.curves import curve_summary, knee, meets_slo, none_met_why, point_figures, point_values
+from batchscope.app.loadtest.sweep.curves import (curve_summary, knee, meets_slo, none_met_why, point_figures,
+                                                  point_values)
 from batchscope.app.loadtest.sweep.spec import SLO, SweepSpec, derive_slo, round_up, spaced_rates
 from test_loadgen import ScriptedEngine, ScriptedTelemetry
 
