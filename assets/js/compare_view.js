@@ -7,8 +7,11 @@
  * `api(path, method, body, timeoutMs)` is api.js's (a plain fetch stands in without it). It draws, inside the
  * container: the two pickers and the Compare button, the overall verdict, the matched buckets (clicking one calls
  * onBucket(bucket) with `bucket.typical` = each side's step of median time, {recording, recording_index, step,
- * step_ms}, and fires "bs-compare-bucket" on the container), the idle time by cause per step, and what could not
- * be matched. Every element's id starts with bs-compare-. Plain DOM, no Plotly.
+ * step_ms}, and fires "bs-compare-bucket" on the container), the typical step of each side of the bucket clicked
+ * (#bs-compare-typical: its recording, step number, step time and the bucket's shape; `opts.sideAction(side,
+ * typical, bucket)` may return an element to put on each side's line, e.g. a button that shows the step), the
+ * idle time by cause per step, and what could not be matched. Every element's id starts with bs-compare-. Plain
+ * DOM, no Plotly.
  */
 
 const COMPARE_TIMEOUT_MS = 180000;
@@ -68,6 +71,11 @@ export function injectStyle() {
     .bs-analysis th:first-child, .bs-analysis td:first-child { text-align: left; }
     .bs-analysis tr.bs-clickable { cursor: pointer; }
     .bs-analysis tr.bs-clickable:hover { background: rgba(128,128,128,.15); }
+    .bs-analysis tr.bs-chosen { background: rgba(41,128,185,.15); }
+    .bs-analysis .bs-typical { display: flex; flex-direction: column; gap: 3px; padding: 4px 8px;
+      border-left: 3px solid #2980b9; background: rgba(41,128,185,.06); }
+    .bs-analysis .bs-typical:empty { display: none; }
+    .bs-analysis .bs-typical button { margin-left: 8px; }
     .bs-analysis .bs-error { color: #c0392b; white-space: pre-wrap; }
     .bs-analysis .bs-slower { color: #c0392b; } .bs-analysis .bs-faster { color: #1e8449; }
     .bs-analysis .bs-bar { display: inline-block; height: 8px; vertical-align: middle; }
@@ -87,12 +95,13 @@ export function mount(container, api, options) {
   const verdict = el("div", { id: "bs-compare-verdict" });
   const warnings = el("ul", { id: "bs-compare-warnings", class: "bs-muted" });
   const buckets = el("div", { id: "bs-compare-buckets" });
+  const typical = el("div", { id: "bs-compare-typical", class: "bs-typical", "aria-live": "polite" });
   const idle = el("div", { id: "bs-compare-idle" });
   const unmatched = el("div", { id: "bs-compare-unmatched" });
   container.replaceChildren(el("div", { class: "bs-analysis", id: "bs-compare-view" },
     el("div", { class: "bs-row" }, el("label", { text: "base " }, base), el("label", { text: "new " }, next),
        refresh, run, status),
-    error, verdict, warnings, buckets, idle, unmatched));
+    error, verdict, warnings, buckets, typical, idle, unmatched));
 
   const view = { onBucket: opts.onBucket || null, result: null };
 
@@ -120,6 +129,8 @@ export function mount(container, api, options) {
     try {
       const result = await call("/api/compare", "POST", { base: base.value, new: next.value }, COMPARE_TIMEOUT_MS);
       view.result = result;
+      view.bucket = null;
+      typical.replaceChildren();
       draw(result);
       status.textContent = "";
     } catch (e) {
@@ -157,6 +168,10 @@ export function mount(container, api, options) {
         el("td", { text: fmt(b.new_step_ms) }), el("td", { text: ratioText(b.ratio) }),
         el("td", { class: "bs-" + b.verdict, text: b.verdict }));
       tr.addEventListener("click", () => {
+        for (const row of buckets.querySelectorAll("tr.bs-chosen")) row.classList.remove("bs-chosen");
+        tr.classList.add("bs-chosen");
+        view.bucket = b;
+        showTypical(b);
         container.dispatchEvent(new CustomEvent("bs-compare-bucket", { detail: b, bubbles: true }));
         if (view.onBucket) view.onBucket(b);
       });
@@ -165,6 +180,21 @@ export function mount(container, api, options) {
     buckets.replaceChildren(el("div", { text: `Matched shapes (${list.length}): click one to open its typical step` }),
       el("table", { id: "bs-compare-bucket-table" }, el("thead", {}, head), el("tbody", {}, ...rows)));
   }
+
+  // Each side's typical step of the bucket picked: where it is, and what it took against the bucket's median.
+  function showTypical(b) {
+    if (!b || !b.typical) { typical.replaceChildren(); return; }
+    const lines = ["base", "new"].filter(side => b.typical[side]).map(side => {
+      const t = b.typical[side];
+      const median = side === "base" ? b.base_step_ms : b.new_step_ms;
+      const action = opts.sideAction ? opts.sideAction(side, t, b) : null;
+      return el("div", { id: `bs-compare-typical-${side}`, "data-recording": t.recording, "data-step": String(t.step) },
+        el("b", { text: side.toUpperCase() }),
+        ` ${t.recording} · step #${t.step} · ${fmt(t.step_ms)} ms (the bucket's median ${fmt(median)} ms)`, action);
+    });
+    typical.replaceChildren(el("div", { text: `Typical step of ${b.label}` }), ...lines);
+  }
+  view.showTypical = () => showTypical(view.bucket);
 
   function drawIdle(figures) {
     const causes = Object.entries(figures).filter(([name]) => name.startsWith("cause."));
