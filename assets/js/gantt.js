@@ -64,11 +64,12 @@ export function showGantt(g) {
   const annotations = ms.annotations.concat(wu.annotations, gapLabels(steps, usPerPx, spec),
                                             placeholderNote(steps, g.gpuSeen, g.hostCompute, spec), rankTags(spec));
   const focus = focusShapes(lo, hi, spec);
-  const shapes = ms.shapes.concat(wu.shapes, focus.shapes);
-  annotations.push(...focus.annotations);
+  const marked = markShapes(d, lo, hi);
+  const shapes = ms.shapes.concat(wu.shapes, focus.shapes, marked.shapes);
+  annotations.push(...focus.annotations, ...marked.annotations);
   // the markers and notes, apart from the window itself: when only the window moved, move the axis
   const key = [el.clientWidth, geo.margin.l, geo.height, spec.lanes.map(l => l.label).join(), shapes.map(s => s.path).join(),
-               JSON.stringify(annotations.map(a => [a.x, a.text])), focus.key].join(";");
+               JSON.stringify(annotations.map(a => [a.x, a.text])), focus.key, marked.key].join(";");
   if (key !== last.layoutKey || !el.layout) {
     draw(el, [], ganttLayout(lo, hi, shapes, annotations, geo, spec));
     last.layoutKey = key;
@@ -88,6 +89,32 @@ export function showGantt(g) {
   el.dataset.focus = focus.id;
   el.dataset.focusspans = String(focus.spans);
   el.dataset.focussteps = String(focus.steps);
+  // the typical steps of a compared bucket (analysis.js): "side:step" of each one marked in view
+  el.dataset.marks = marked.key;
+}
+
+// The typical steps of the bucket picked in the Compare view (state.marks, set by analysis.js): each step's span
+// outlined across the lanes, named above them.
+function markShapes(d, lo, hi) {
+  const shapes = [], annotations = [], keys = [], byStep = new Map();
+  for (const m of state.marks || []) {
+    if (m.source !== state.view.source) continue;
+    const s = findStep(d.steps, m.step);
+    if (!s || s._e < lo || s._s > hi) continue;
+    keys.push(`${m.side}:${m.step}`);
+    const same = byStep.get(m.step);           // both sides on one step (a timeline compared with itself): one label
+    if (same) { same.text = `${esc(m.side)} · ${same.text}`; continue; }
+    const x0 = s._s / 1e6, x1 = Math.max(s._e, s._s + (hi - lo) / 400) / 1e6;   // a sliver at least
+    shapes.push({ type: "rect", xref: "x", yref: "paper", x0, x1, y0: 0, y1: 1, layer: "above", fillcolor: m.color,
+                  opacity: 0.12, line: { width: 0 } });
+    shapes.push({ type: "rect", xref: "x", yref: "paper", x0, x1, y0: 0, y1: 1, layer: "above",
+                  fillcolor: "rgba(0,0,0,0)", line: { color: m.color, width: 1.5, dash: "dot" } });
+    const label = { xref: "x", yref: "paper", x: (x0 + x1) / 2, y: 1.025, showarrow: false, bgcolor: m.color,
+                    text: `${esc(m.side)} #${m.step}`, font: { size: fontPx(9.5), color: "#fff" } };
+    annotations.push(label);
+    byStep.set(m.step, label);
+  }
+  return { shapes, annotations, key: keys.join(",") };
 }
 
 // The focused request (state.focus, set by tail.js): each span of its lifetime washed across the lanes with a

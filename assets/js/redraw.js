@@ -126,8 +126,9 @@ function plan() {
   }
   const id = dataId(d);
   // (live data keeps arriving while a picture is drawn: `total` is the count the picture was planned with)
-  // (the request picked in the slowest list is drawn on the Gantt: picking or clearing one is a new picture)
-  const focus = state.focus ? state.focus.id : "";
+  // (the request picked in the slowest list, and a compared bucket's typical steps (analysis.js), are drawn on the
+  // Gantt: picking or clearing one is a new picture)
+  const focus = (state.focus ? state.focus.id : "") + (state.marks || []).map(m => `|${m.side}${m.step}`).join("");
   const snap = { d, lo, hi, data: id, key: `${id}|${state.gen}|${lo}|${hi}|${textScale()}|${presentHeight("gantt")}|${focus}`, stepGen: state.stepGen,
                  total: d.steps.length, switches: d.mode_changes.length, nvml: d.nvml.length, gantt: null, ctx: null };
   // (the other tensor-parallel ranks' ink is a task of its own: as much work again per rank)

@@ -132,7 +132,7 @@ export async function focusRequest(id, from) {
 }
 
 // Scroll the Gantt into sight below the sticky header (which would otherwise cover its top lanes).
-function revealGantt() {
+export function revealGantt() {
   const g = $("bs-gantt"), head = $("bs-header");
   if (!g) return;
   g.style.scrollMarginTop = Math.max(0, Math.round(head ? head.getBoundingClientRect().bottom : 0)) + 8 + "px";
