@@ -33,6 +33,15 @@ HEAD = ('<script src="/batchscope-static/plotly.min.js"></script>\n'
         '<script type="module" src="/batchscope-static/js/main.js"></script>')
 CSS = (ASSETS / "style.css").read_text(encoding="utf-8")
 
+# Compare (two recordings step by step, docs/compare.md) and What-if (docs/whatif.md): assets/js/analysis.js mounts
+# compare_view.js and whatif_view.js in these boxes, both closed until opened.
+ANALYSIS_HTML = ('<details id="bs-analysis" class="bs-analysis-box"><summary>Compare recordings '
+                 '<span class="bs-muted">(two recordings step by step at matched batch shapes; a shape clicked: its '
+                 'typical steps on the Gantt)</span></summary><div id="bs-compare"></div></details>'
+                 '<details id="bs-whatif-box" class="bs-analysis-box"><summary>What-if '
+                 '<span class="bs-muted">(what another setting would do to a recorded load)</span></summary>'
+                 '<div id="bs-whatif"></div></details>')
+
 # System fonts only: a page that loads no font files starts faster and never reaches outside.
 # Small spacing and text: a dashboard, dense enough that the controls and results fit beside the charts.
 THEME = gr.themes.Default(primary_hue="blue", neutral_hue="slate", spacing_size="sm", text_size="sm", radius_size="sm",
@@ -67,6 +76,8 @@ def build_ui(state) -> gr.Blocks:
                 with gr.Column(visible=False, elem_id="bs-sweep-wide") as sweep_wide:
                     sweep = SweepTab(**sweep_fields, **sweep_charts())
                 gr.HTML(scope_html(state), elem_id="bs-scope-block", js_on_load=None)
+                # under the charts, closed: the first screen stays the charts' (analysis.js mounts the views)
+                gr.HTML(ANALYSIS_HTML, elem_id="bs-analysis-block", js_on_load=None)
         sweep_panel.select(lambda: gr.update(visible=True), None, sweep_wide, queue=False)
         for tab in others:
             tab.select(lambda: gr.update(visible=False), None, sweep_wide, queue=False)

@@ -11,6 +11,8 @@
  *   plot.js      colours, lanes, layout, zoom    gantt.js   the Gantt (ink.js, gantt_hover.js, gantt_inside.js)
  *   charts.js    the small charts                still.js   no animation frames for Gradio's lost trackers
  *   tail.js      the slowest requests, one request's waits on the Gantt
+ *   analysis.js  the Compare and What-if boxes under the charts (compare_view.js, whatif_view.js), a compared
+ *                bucket's typical steps on the Gantt
  *   scoreboard.js the board (ranks.js: an imported trace's rank table; unknown.js: what a trace does not hold)
  *   palette.js   every colour and the words for "busy"   sweep.js the Sweep tab's charts (sweep_figures.js)
  *
@@ -18,6 +20,7 @@
  * of the page that follows the window shown.
  */
 import "./palette.js";               // first: it sets the stylesheet's mode colours
+import { mountAnalysis } from "./analysis.js";
 import { api, connect, socket } from "./api.js";
 import { buildScope, refreshRecordings, showReplay, backToLive, syncControls } from "./controls.js";
 import { handle, normalise, state, stepsIn } from "./feed.js";
@@ -82,6 +85,7 @@ function init() {
 function watch() {
   init();
   header.bindHeader();
+  mountAnalysis();                         // (its boxes are a block of their own: they may come later)
   setTimeout(watch, state.root && document.body.contains(state.root) ? 1000 : 100);
 }
 
