@@ -83,7 +83,8 @@ def _widened(point: dict, replay_error: dict) -> dict:
 def _band(p, drawn, err, how):
     if p is None:
         return None
-    edge = p * (1 - abs(err) / 100.0) if how is min else p * (1 + abs(err) / 100.0)
+    # every figure is a rate, a time or a share: a replay error past 100% widens the low side down to zero, not below
+    edge = max(0.0, p * (1 - abs(err) / 100.0)) if how is min else p * (1 + abs(err) / 100.0)
     values = [v for v in (drawn, edge if err is not None else None, p) if v is not None]
     return round(how(values), 3)
 

@@ -190,3 +190,11 @@ def test_the_models_graph_buckets_are_the_engines():
     wide = Graphs.of(EngineConfig(model="tiny-random", max_running=64), enabled=True)
     assert wide.decode == tuple(graph_buckets(64))
     assert Graphs.of(EngineConfig(model="tiny-random"), enabled=False).decode == ()
+
+
+def test_an_interval_widened_by_a_large_replay_error_stops_at_zero():
+    from batchscope.telemetry.whatif.predict import _band
+
+    assert _band(93.61, 90.0, 604.0, min) == 0.0          # was -471.8 ms: a latency below zero
+    assert _band(93.61, 99.0, 604.0, max) == round(93.61 * 7.04, 3)
+    assert _band(10.0, 9.0, 5.0, min) == 9.0              # the runs' own low when it is lower than the widened edge
