@@ -81,12 +81,15 @@ function due() {
   if (document.hidden) return Infinity;    // visibilitychange asks for a picture on return
   if (state.dirty) return 0;
   const view = state.view, since = performance.now() - timing.lastStart, cost = perf.pictureCostMs;
+  // charts skipped out of sight and back in it (the Sweep tab's results closed above them, a scroll) are drawn at
+  // once, live too: until then they would show the window they last had, not the Gantt's
+  if ([...stale].some(id => visible.has(id) && $(id))) return 0;
   if (view.source === "live" && view.follow) {
     if (state.stepGen !== timing.lastStepGen) return Math.max(0, Math.max(MIN_PERIOD_MS, cost / CPU_SHARE) - since);
     if (timing.lastEmpty && windowEmpty()) return Infinity;   // nothing shown, nothing new: a still picture
     return Math.max(0, Math.max(IDLE_PERIOD_MS, cost / IDLE_CPU_SHARE) - since);
   }
-  return [...stale].some(id => visible.has(id)) ? 0 : Infinity;
+  return Infinity;
 }
 
 // The live window, slid to now, would hold no step.
