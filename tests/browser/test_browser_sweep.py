@@ -242,3 +242,41 @@ def test_a_click_on_a_cdf_point_jumps_the_gantt_to_its_request(page, server):
                            timeout=T)
     assert page.get_attribute("#bs-gantt", "data-focus") == gap["id"]
     page.click("#bs-focus-clear")
+
+
+RANGES = """() => Object.fromEntries([...document.querySelectorAll('#bs-scope-block .js-plotly-plot')]
+    .filter(el => el.id && el.layout && el.layout.xaxis && el.layout.xaxis.range)
+    .map(el => [el.id, el.layout.xaxis.range.map(v => +(+v).toFixed(3))]))"""
+
+
+def one_window(page) -> dict:
+    """Each live chart's x range once they all agree (redraw.js: one window for the Gantt and every chart)."""
+    deadline = time.monotonic() + 10
+    while True:
+        ranges = page.evaluate(RANGES)
+        if "bs-gantt" in ranges and len({tuple(r) for r in ranges.values()}) == 1:
+            return ranges
+        assert time.monotonic() < deadline, f"the charts do not share the Gantt's window: {ranges}"
+        time.sleep(0.1)
+
+
+def test_after_a_sweep_every_chart_shows_the_gantts_window(page, server):
+    """The sweep's results push the live charts out of sight while it runs; back in sight (the Sweep tab left, then
+    scrolled down to the last chart) each shows the Gantt's window, not the one it had when the sweep began. The
+    hard case: a live window that has since emptied (a 2-s window, the engine idle after the sweep), which the
+    page only draws again when asked."""
+    fields(page, **{**TINY, "duration": 1})
+    page.click("#bs-sweep-start")
+    page.wait_for_selector("#bs-sweep-info[data-state='done']", timeout=120_000)
+    # (clicked from script: a click by the mouse would scroll the charts back into sight)
+    page.evaluate("document.querySelector('#bs-window button[data-span=\"2\"]').click()")
+    time.sleep(3.5)
+    page.get_by_role("tab", name="Generate").click()
+    page.wait_for_selector("#bs-sweep-wide", state="hidden", timeout=T)
+    ranges = one_window(page)
+    assert {"bs-gantt", "bs-c-busy"} <= set(ranges), ranges
+    last = page.evaluate("(() => { const c = [...document.querySelectorAll('#bs-scope-block .bs-chart')]; "
+                         "return c.length ? c[c.length - 1].id : null; })()")
+    if last:
+        page.locator(f"#{last}").scroll_into_view_if_needed()
+    one_window(page)
