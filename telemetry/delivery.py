@@ -1,9 +1,10 @@
 """When each streamed token reached its client: the server's chunk write times, joined with the engine's token times.
 
 The engine stamps a token when the update span that delivered it ends (`token_us`); the server stamps the moment
-it wrote the chunk carrying it (`sent_us`, same clock); an in-process A/B/burst run's sender (app/loadtest/sender.py)
-stamps each token's arrival at it instead, being that run's client. Their difference is the delivery delay: the server's event
-loop, detokenising and JSON between a sampled token and the wire, measured instead of guessed.
+it wrote the chunk carrying it (`sent_us`, same clock); an in-process A/B/burst run's sender
+(app/loadtest/sender.py) stamps each token's arrival at it instead, being that run's client. Their difference is
+the delivery delay: the server's event loop, detokenising and JSON between a sampled token and the wire, measured
+instead of guessed.
 
 The two stamps come from different threads in either order: the server hands a request's write times over once its
 stream has ended (`sent`, any thread), the recorder hands over the request record when it learns the request
