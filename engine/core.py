@@ -7,9 +7,9 @@ any thread may call: submissions and cancels arrive through a thread-safe inbox 
 from __future__ import annotations
 
 import queue
+import logging
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +21,8 @@ from .request import Request, RequestHandle, StepDeliveries, TokenDelta
 from .runner import Launched, ModelRunner
 from .scheduler import Scheduler, StepPlan
 from .trace import ModeChange, RankSpans, StepTrace
+
+log = logging.getLogger(__name__)
 
 now = time.perf_counter_ns
 cpu_now = time.thread_time_ns       # the engine thread's CPU time: read beside the wall clock at each phase boundary
@@ -104,7 +106,7 @@ class EngineCore:
             try:
                 fn(event)
             except Exception:               # an observer must never take the engine down
-                traceback.print_exc()
+                log.exception("an observer of the engine's steps failed; the engine goes on")
 
     def mode_changed(self, from_mode: str, to_mode: str) -> None:
         self.flush_traces()
@@ -120,7 +122,7 @@ class EngineCore:
                 try:
                     trace = self._build_trace(*self._held.pop(0))
                 except Exception:               # telemetry must never stop a launched step from being consumed
-                    traceback.print_exc()
+                    log.exception("building a step's trace failed; the step is consumed without it")
                     continue
                 self.notify(trace)
         self._flush_peer_spans()
@@ -292,7 +294,7 @@ class EngineCore:
             msg = (f"out of device memory in a step of {step.plan.num_tokens} tokens for {len(step.plan.seqs)} "
                    f"request(s); a smaller --max-batch-tokens or --max-prompt-tokens avoids it. {msg}")
             self.runner.free_cached_memory()
-        traceback.print_exception(exc)
+        log.error("a step failed; its requests end with an error", exc_info=exc)
         for seq in step.plan.seqs:
             req = seq.req
             if seq.sample:

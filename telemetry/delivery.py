@@ -1,4 +1,5 @@
-"""When each streamed token reached its client: the server's chunk write times, joined with the engine's token times.
+"""When each streamed token reached its client: the server's chunk write times, joined with the engine's token
+times.
 
 The engine stamps a token when the update span that delivered it ends (`token_us`); the server stamps the moment
 it wrote the chunk carrying it (`sent_us`, same clock); an in-process A/B/burst run's sender

@@ -1,10 +1,10 @@
 """Running load tests on background threads, and their results: bursts, sync-vs-async A/B comparisons, and
 continuous loads that run until stopped (or until their bounds).
 
-Requests are submitted and streamed from one asyncio loop on the run's own thread, and timed there
-(arrivals.py draws the requests, sender.py sends and times them, client_timing.py adds them up). Mode switches made through the server go through
-`BurstManager.set_mode`, which refuses them while an A/B runs: each half must run in one mode.
-A sweep (sweep/sweeps.py) takes the engine for itself through `hold_engine`: while it runs nothing else starts and the
+Requests are submitted and streamed from one asyncio loop on the run's own thread, and timed there (arrivals.py
+draws the requests, sender.py sends and times them, client_timing.py adds them up). Mode switches made through the
+server go through `BurstManager.set_mode`, which refuses them while an A/B runs: each half must run in one mode. A
+sweep (sweep/sweeps.py) takes the engine for itself through `hold_engine`: while it runs nothing else starts and the
 mode is locked, as for an A/B.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ import uuid
 
 from batchscope.engine.config import SamplingParams
 
-from .client_timing import RequestTiming, burst_metrics
 from .arrivals import PlannedRequest, plan_burst
+from .client_timing import RequestTiming, burst_metrics
 from .refusals import BusyError, EngineTaken, ModeLocked
 from .runs import ABRun, Burst, LoadRun
 from .sender import Sender, sleep_until
@@ -37,9 +37,8 @@ class BurstManager:
     `keep` of each kind; `dropped` counts those forgotten).
 
     `engine` needs submit(prompt_ids, SamplingParams) -> handle with astream() and cancel(), set_mode() and mode;
-    its `info["max_model_len"]`, when it has one, bounds a burst's lengths.
-    `telemetry`, when given, needs now_us() and summary(t0_us, t1_us) -> dict with "busy_pct": it supplies the
-    event-based GPU busy share over each burst's window.
+    its `info["max_model_len"]`, when it has one, bounds a burst's lengths. `telemetry`, when given, needs now_us()
+    and summary(t0_us, t1_us) -> dict with "busy_pct": it supplies the busy share over each burst's window.
     """
 
     def __init__(self, engine, limits: Limits, vocab_size: int, telemetry=None, keep: int = MAX_KEPT_BURSTS):
