@@ -163,7 +163,8 @@ def ab_compare_html(ab: ABStatus) -> str:
     head = ""
     if ab.speedup is not None:
         cls, _ = verdict(1.0, ab.speedup, "higher")
-        head = (f'<div class="bs-speedup">async speedup <b id="bs-ab-speedup" class="{cls}">{number_text(ab.speedup, 2)}×</b>'
+        head = (f'<div class="bs-speedup">async speedup '
+                f'<b id="bs-ab-speedup" class="{cls}">{number_text(ab.speedup, 2)}×</b>'
                 f'<span>output tokens/s, same burst and seed; above 1 means async was faster</span></div>')
     invalid = ""
     if not ab.valid:

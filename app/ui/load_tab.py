@@ -191,7 +191,8 @@ FIELD_LABELS = {"max_new_tokens.0": "output tokens min", "max_new_tokens.1": "ou
                 "prompt_tokens.0": "prompt tokens min", "prompt_tokens.1": "prompt tokens max",
                 "max_new_tokens": "output tokens", "prompt_tokens": "prompt tokens", "num_requests": "requests",
                 "duration_s": "stop after (s)", "concurrency": "requests in flight", "max_requests": "requests",
-                "burstiness": "burstiness", "rate": "rate", "seed": "seed", "arrival": "arrival", "kind": "continuous load"}
+                "burstiness": "burstiness", "rate": "rate", "seed": "seed", "arrival": "arrival",
+                "kind": "continuous load"}
 _FIELD = re.compile(r"\b(" + "|".join(re.escape(k) for k in sorted(FIELD_LABELS, key=len, reverse=True)) + r")\b")
 
 

@@ -137,7 +137,8 @@ def header_html(state) -> str:
         replay_stats = (f'<span class="bs-stat" title="{e(title)}"><span id="bs-st-busy-label">{e(label)}</span> '
                         f'<b id="bs-st-busy">{e(value)}</b></span>')
     stats = ("".join(f'<span class="bs-stat{cls}"{title}>{label} <b id="{i}">–</b></span>' for label, i, title, cls in (
-        ("running", "bs-st-running", "", ""), ("queue", "bs-st-queue", "", " bs-minor"), ("KV", "bs-st-kv", "", " bs-minor"),
+        ("running", "bs-st-running", "", ""), ("queue", "bs-st-queue", "", " bs-minor"),
+        ("KV", "bs-st-kv", "", " bs-minor"),
         (busy_label("events" if b["nvml"] else "host"), "bs-st-busy", busy_title, ""),
         (*cpu, f' title="{e(CPU_STAT_TITLE)}"' if not b["nvml"] else "", " bs-minor"),
         ("out tok/s", "bs-st-tps", busy_title, ""), ("TTFT p50", "bs-st-ttft", "", " bs-minor")))
@@ -168,7 +169,8 @@ def header_html(state) -> str:
   <span>GPU <b id="bs-gpu">{e(b["gpu"])}</b></span>
   <span>NVML <b id="bs-nvml">{e(nvml_value)}</b>{reason}</span>
   {engine_notes(state)}
-  <span id="bs-why" class="bs-why" title="{e(why)}" data-gpu="{e(b["busy_note"] or WHY_GPU)}" data-cpu="{e(WHY_CPU)}">{e(why)}</span>
+  <span id="bs-why" class="bs-why" title="{e(why)}" data-gpu="{e(b["busy_note"] or WHY_GPU)}"
+        data-cpu="{e(WHY_CPU)}">{e(why)}</span>
 </div>"""
 
 
@@ -184,7 +186,8 @@ def engine_notes(state) -> str:
     notes = []
     if info.get("cuda_graphs_note"):
         title = "decode steps replay CUDA graphs where the model allows it; where not, the reason is shown"
-        text = info["cuda_graphs_note"] if info.get("cuda_graphs") else f"decode runs eagerly: {info['cuda_graphs_note']}"
+        note = info["cuda_graphs_note"]
+        text = note if info.get("cuda_graphs") else f"decode runs eagerly: {note}"
         notes.append(f'<span id="bs-graphs-note" class="bs-engine-note" title="{e(title)}">{e(text)}</span>')
     tp = info.get("tensor_parallel_size") or 1
     if tp > 1:
@@ -244,8 +247,8 @@ def examples() -> list[dict]:
 def examples_html() -> str:
     """A picker of the shipped H200 recordings and the button that opens the chosen one as a replay."""
     e = html.escape
-    options = "".join(f'<option value="{e(EXAMPLES_URL + x["file"])}" title="{e(x.get("text", ""))}">{e(x["title"])}</option>'
-                      for x in examples())
+    options = "".join(f'<option value="{e(EXAMPLES_URL + x["file"])}" title="{e(x.get("text", ""))}">'
+                      f'{e(x["title"])}</option>' for x in examples())
     if not options:
         return ""
     return (f'<span class="bs-examples"><select id="bs-examples" class="bs-input" aria-label="a recorded GPU run">'
@@ -279,7 +282,8 @@ def results_html(res: BurstResults | None, table_id: str = "bs-burst-results") -
     extra = [("output tokens/s", res.output_tokens_per_s, 1), ("requests/s", res.requests_per_s, 2),
              (result_busy_label(res), res.busy_pct, 1), (util_label, util, 1), ("requests completed", res.completed, 0),
              ("requests failed", res.failed or None, 0), ("wall time s", res.duration_s, 2)]
-    tail = "".join(f'<tr><th>{label}</th><td colspan="3">{number_text(v, d)}</td></tr>' for label, v, d in extra if v is not None)
+    tail = "".join(f'<tr><th>{label}</th><td colspan="3">{number_text(v, d)}</td></tr>'
+                   for label, v, d in extra if v is not None)
     return (f'<table id="{table_id}" class="bs-table"><thead><tr><th></th><th>p50</th><th>p90</th><th>p99</th></tr>'
             f'</thead><tbody>{"".join(rows)}{tail}</tbody></table>')
 
@@ -320,7 +324,8 @@ REPLAY_FIELDS = (("model", "meta", "model"), ("device", "meta", "device"), ("GPU
                  ("busy %", "summary", "busy_pct"), ("busy measured from", "summary", "busy_basis"),
                  ("busy between steps only %", "summary", "busy_pct_steps"),
                  ("GPU idle total µs", "summary", "idle_us_total"), ("decode ms/step p50", "summary", "decode_ms_p50"),
-                 ("batch size mean", "summary", "batch_requests_mean"), ("queue depth max", "summary", "queue_depth_max"),
+                 ("batch size mean", "summary", "batch_requests_mean"),
+                 ("queue depth max", "summary", "queue_depth_max"),
                  ("KV usage max %", "summary", "kv_usage_pct_max"), ("NVML util mean %", "summary", "gpu_util_mean"))
 
 

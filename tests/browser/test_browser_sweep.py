@@ -8,7 +8,6 @@ to see that request's lifetime on the Gantt.
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
