@@ -10,7 +10,6 @@ FastAPI dependency (the routes, deps.py lists them):
     state.timelines   timelines.py     timelines, named recordings, the replay
     state.profiler    profiler.py      torch.profiler windows and their traces
     state.analysis    analysis_lab.py  compare, what-if and the what-if's verify job
-old_calls.py holds the one-line methods app/ui and app/cli still call, until they call the rooms.
 
 Errors speak for themselves (errors.py): ValueError (bad input or over a cap, 400), BusyError (at capacity,
 429), NotFoundError (404), NoEngineError (replay-only, 409), ShuttingDownError (503), telemetry.TimelineError (a
@@ -35,7 +34,6 @@ from .deps import app_state
 from .errors import BusyError, NoEngineError, ShuttingDownError
 from .analysis_lab import AnalysisLab
 from .load_lab import LoadLab
-from .old_calls import OldCalls
 from .openai_logprobs import TokenStrings
 from .profiler import Profiler
 from .profiles import ProfileWindows
@@ -46,7 +44,7 @@ from .sweep_lab import SweepLab
 from .timelines import Timelines, with_board
 
 
-class AppState(OldCalls):
+class AppState:
     def __init__(self, engine=None, telemetry=None, limits: Limits | None = None, replay: dict | None = None):
         self.engine = engine
         self.telemetry = telemetry

@@ -315,12 +315,12 @@ function rankTags(spec) {
 // What an empty window, or a run without GPU events, should say instead of bars.
 function placeholderNote(steps, gpuSeen, hostCompute, spec) {
   if (!steps.length) {
-    return [{ xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false, font: { size: 13, color: "#475569" },
+    return [{ xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false, font: { size: fontPx(13), color: "#475569" },
       text: state.view.source === "replay" ? "no steps in this window" : "waiting for steps: type a prompt or fire a burst" }];
   }
   if (!gpuSeen) {
     return [{ xref: "paper", yref: "y", x: 0.99, xanchor: "right", y: spec.y.h2d, showarrow: false,
-      font: { size: 10.5, color: "#64748b" }, bgcolor: "rgba(248,250,252,0.9)",
+      font: { size: fontPx(10.5), color: "#64748b" }, bgcolor: "rgba(248,250,252,0.9)",
       text: hostCompute ? "CPU run: no CUDA events; the compute lane shows the host forward (launch span)"
                         : "no GPU stream events on this device" }];
   }
