@@ -193,7 +193,7 @@ def test_penalty_arithmetic_is_vllms_and_neutral_rows_keep_their_logits_bit_for_
 def test_steps_without_penalties_or_logprobs_run_what_they_ran_before(tiny_engine, monkeypatch):
     """The benchmark path (greedy, no logprobs, no penalties): the same pack fields, the same one-token-per-row
     copy back, and no penalty or logprobs work at all; a step with them does all of it."""
-    import batchscope.engine.runner as runner_module
+    import batchscope.engine.forward as forward_module      # the captured step: forward, penalties, sampling
 
     runner = tiny_engine.runner
     calls, batches = [], []
@@ -201,8 +201,8 @@ def test_steps_without_penalties_or_logprobs_run_what_they_ran_before(tiny_engin
         original = getattr(runner.penalties, name)
         monkeypatch.setattr(runner.penalties, name,
                             lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
-    write = runner_module.write_logprobs
-    monkeypatch.setattr(runner_module, "write_logprobs", lambda *a: calls.append("logprobs") or write(*a))
+    write = forward_module.write_logprobs
+    monkeypatch.setattr(forward_module, "write_logprobs", lambda *a: calls.append("logprobs") or write(*a))
     launch = runner.launch
     monkeypatch.setattr(runner, "launch", lambda batch: batches.append(batch) or launch(batch))
     prompts = random_prompts(5, 49152, 3, 40, seed=6)
