@@ -79,8 +79,8 @@ def test_nvml_means_and_request_percentiles_cover_the_window():
     assert s["ttft_ms"]["p50"] == pytest.approx(0.01)
 
 
-def run_burst(eng, n=8):
-    eng.submit(n, prompt_tokens=32, max_new_tokens=10)
+def run_burst(eng, n=8, tokens=10):
+    eng.submit(n, prompt_tokens=32, max_new_tokens=tokens)
     eng.run()
 
 
@@ -95,19 +95,19 @@ def test_recordings_compare_sync_with_async():
         eng = SyntheticEngine(gpu=True, mode="sync", compute_us=1500, realtime=True)
         tel = Telemetry(eng, nvml_hz=0, bandwidth_gbps=100.0)
         tel.start_recording("sync")
-        run_burst(eng)
+        run_burst(eng, tokens=40)      # 40 steps: a thread woken late once is a few % of the window, not 10
         a = tel.stop_recording()
         eng.set_mode("async")
         eng.iterate()                      # the switch happens at the next step boundary
         tel.start_recording("async")
-        run_burst(eng)
+        run_burst(eng, tokens=40)
         b = tel.stop_recording()
     finally:
         gc.enable()
     assert tel.recordings() == ["sync", "async"]
     assert a["recording"] == "sync" and a["modes"] == {"sync": a["steps"]}
     assert b["modes"] == {"async": b["steps"]}
-    assert a["steps"] == b["steps"] == 10
+    assert a["steps"] == b["steps"] == 40
     assert b["busy_pct"] > a["busy_pct"]
     assert b["idle_us_total"] < a["idle_us_total"]
     assert a["floor_ms_per_step"] is not None
