@@ -34,7 +34,7 @@ browser-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium not installed: browser tests will be skipped"
 
-# Debian's Prometheus server, for the test that has it scrape a live batchscope (tests/test_prometheus.py)
+# Debian's Prometheus server, for the test that has it scrape a live batchscope (tests/server/test_prometheus.py)
 prometheus-deps:
 	@command -v prometheus >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
