@@ -11,7 +11,8 @@
 import { api } from "./api.js";
 import { mount as mountCompare } from "./compare_view.js";
 import { backToLive, showReplay } from "./controls.js";
-import { currentData, findStep, state } from "./feed.js";
+import { currentData, state } from "./feed.js";
+import { findStep } from "./records.js";
 import { revealGantt } from "./tail.js";
 import { $, note } from "./util.js";
 import { mount as mountWhatif } from "./whatif_view.js";

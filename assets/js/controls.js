@@ -3,7 +3,9 @@
  * #bs-scope. */
 import { api, withToken } from "./api.js";
 import { CHARTS } from "./charts.js";
-import { followLive, normalise, replayRange, state, tensorParallel } from "./feed.js";
+import { followLive, replayRange, state } from "./feed.js";
+import { normalise } from "./records.js";
+import { tensorParallel } from "./tensor_parallel.js";
 import { notInTrace } from "./unknown.js";
 import { setConn } from "./header.js";
 import { $, note, setText } from "./util.js";

@@ -9,6 +9,7 @@
  * `rankSteps` (rank -> records ordered by step), each array bounded like `steps`.
  */
 import { api, socket } from "./api.js";
+import { addRankRecords, prep } from "./records.js";
 import { fmt, setText } from "./util.js";
 
 const KEEP_US = 180e6;                      // live history kept in the browser (the server keeps the recording)
@@ -62,163 +63,6 @@ export const state = {
   renders: 0,
   renderCost: 20,                           // ms per picture, smoothed: the redraw period follows it
 };
-
-// ---------------------------------------------------------------- records
-
-export function span(rec, group, key) {
-  const g = rec[group];
-  const s = g && g[key];
-  return s && s.length === 2 && s[0] !== null && s[1] !== null ? s : null;
-}
-
-// Cache each step's extent and the instant its GPU work began (where an idle gap ends).
-function prep(r) {
-  let s = Infinity, e = -Infinity;
-  for (const group of ["cpu", "gpu"]) {
-    const g = r[group];
-    if (!g) continue;
-    for (const k in g) {
-      const v = g[k];
-      if (!v || v[0] === null || v[0] === undefined) continue;
-      if (v[0] < s) s = v[0];
-      if (v[1] > e) e = v[1];
-    }
-  }
-  r._s = isFinite(s) ? s : (r.t_us || 0);
-  r._e = isFinite(e) ? e : r._s;
-  // The compute span: CUDA events on a GPU; on CPU telemetry gives the host launch span instead
-  // (compute_basis "host"), since the forward runs inside launch there.
-  const ev = span(r, "gpu", "compute");
-  const cu = Array.isArray(r.compute_us) && r.compute_us[0] !== null && r.compute_basis !== "none" ? r.compute_us : null;
-  r._cs = ev || cu;
-  r._hostCompute = !ev && !!cu && r.compute_basis === "host";
-  r._c = r._cs ? r._cs[0] : r._s;
-  r._tok = r.tokens_out ?? (r.decode_tokens || 0);     // tokens_out is optional in batchscope.timeline/1
-  return r;
-}
-
-// The same for another rank's part of a step: its GPU spans only (the host spans and counts are rank 0's).
-function prepRank(r) {
-  let s = Infinity, e = -Infinity;
-  const g = r.gpu;
-  if (g) for (const k in g) {
-    const v = g[k];
-    if (!v || v[0] === null || v[0] === undefined || v[1] === null || v[1] === undefined) continue;
-    if (v[0] < s) s = v[0];
-    if (v[1] > e) e = v[1];
-  }
-  const cu = Array.isArray(r.compute_us) && r.compute_us[0] !== null && r.compute_us[1] !== null ? r.compute_us : null;
-  r._cs = span(r, "gpu", "compute") || cu;
-  if (r._cs) { if (r._cs[0] < s) s = r._cs[0]; if (r._cs[1] > e) e = r._cs[1]; }
-  r._s = isFinite(s) ? s : 0;
-  r._e = isFinite(e) ? e : r._s;
-  r._c = r._cs ? r._cs[0] : r._s;
-  return r;
-}
-
-const isRankStep = r => r && typeof r === "object" && typeof r.step === "number" && typeof r.rank === "number" && r.rank >= 1;
-
-// Index of the first record of `arr` (ordered by step) whose step is >= step.
-function stepIndex(arr, step) {
-  let a = 0, b = arr.length;
-  while (a < b) { const mid = (a + b) >> 1; if (arr[mid].step < step) a = mid + 1; else b = mid; }
-  return a;
-}
-
-// The record of step number `step` in `arr` (ordered by step), or null.
-export function findStep(arr, step) {
-  const i = stepIndex(arr, step);
-  return arr && i < arr.length && arr[i].step === step ? arr[i] : null;
-}
-
-// Adds rank step records to byRank (rank -> records ordered by step), skipping those it has. Records of one
-// rank come in order, so this is an append; a late or repeated one (hello's recent overlaps the stream) is
-// found by binary search. Returns the number added.
-function addRankRecords(byRank, list) {
-  let n = 0;
-  for (const r of list || []) {
-    if (!isRankStep(r)) continue;
-    const arr = byRank[r.rank] || (byRank[r.rank] = []);
-    const last = arr[arr.length - 1];
-    if (!last || r.step > last.step) { arr.push(prepRank(r)); n++; continue; }
-    const i = stepIndex(arr, r.step);
-    if (i < arr.length && arr[i].step === r.step) continue;
-    arr.splice(i, 0, prepRank(r)); n++;
-  }
-  return n;
-}
-
-function rankStepsOf(list) {
-  const byRank = {};
-  addRankRecords(byRank, list);
-  return byRank;
-}
-
-// ---------------------------------------------------------------- tensor parallelism
-
-const sizeOf = info => (info && Number.isInteger(info.tensor_parallel_size) ? info.tensor_parallel_size : 1);
-
-// What the data says about tensor parallelism: the ranks beside rank 0 (from the engine's info, and from the
-// rank step records themselves, for a recording made without the info), their devices, and the all-reduce
-// figures the engine measured at start-up. {size: 1, ranks: []} for a single-rank engine.
-export function tensorParallel(d) {
-  const meta = d.meta || {};
-  const info = meta.info || {};
-  const byRank = d.rankSteps || {};
-  const seen = Object.keys(byRank).map(Number).filter(r => r >= 1 && byRank[r].length);
-  const size = Math.max(sizeOf(info), seen.length ? Math.max(...seen) + 1 : 1);
-  const infoRanks = Array.isArray(info.ranks) ? info.ranks : [];
-  const rank0Device = (infoRanks[0] && infoRanks[0].device) || meta.device || "";
-  const ranks = [];
-  for (let rank = 1; rank < size; rank++) {
-    const arr = byRank[rank] || [];
-    const fromInfo = infoRanks.find(x => x && x.rank === rank);
-    const last = arr[arr.length - 1];
-    const device = String((fromInfo && fromInfo.device) || (last && last.device) || (rank0Device.startsWith("cpu") ? "cpu" : ""));
-    // On the CPU a rank has no streams: its "compute" is the launch span the forward ran inside (as rank 0's
-    // host compute). With no device known, whether its records carry copies decides.
-    const host = device.startsWith("cpu") || (!device && !!last && !!last.gpu && !last.gpu.h2d && !last.gpu.d2h);
-    // (an imported trace knows each rank's idle time by cause: it gets a GPU idle lane as rank 0's)
-    const phases = host ? ["compute"] : ["h2d", "compute", "d2h"];
-    ranks.push({ rank, device, host, phases: meta.source && !host ? phases.concat("idle") : phases });
-  }
-  const measured = info.allreduce_us && typeof info.allreduce_us === "object" ? info.allreduce_us : {};
-  const rows = Object.keys(measured).map(Number).filter(k => isFinite(k) && k > 0 && isFinite(measured[k])).sort((a, b) => a - b);
-  return { size, ranks, rank0Device, perStep: Number(info.allreduces_per_step) || 0, measured, rows };
-}
-
-// The rows a step all-reduces: its tokens ([tokens, hidden] after attention and after the MLP of each layer).
-export function stepRows(s) {
-  const t = (s.prefill_tokens || 0) + (s.decode_tokens || 0);
-  return t > 0 ? t : (s.num_requests || 1);
-}
-
-// Estimated all-reduce time of a step of `rows` rows, µs: allreduces_per_step times one all-reduce of the
-// smallest measured size that holds the rows (past the largest, scaled up from it). null when unknown.
-export function allreduceEstimate(tp, rows) {
-  if (!tp || !tp.perStep || !tp.rows.length) return null;
-  const k = tp.rows.find(x => x >= rows);
-  const top = tp.rows[tp.rows.length - 1];
-  const one = k !== undefined ? tp.measured[k] : tp.measured[top] * rows / top;
-  return { us: tp.perStep * one, one, rows: k !== undefined ? k : rows, count: tp.perStep, scaled: k === undefined };
-}
-
-export function normalise(obj) {
-  if (!obj || typeof obj !== "object") throw new Error("not a JSON object");
-  if (!Array.isArray(obj.steps)) throw new Error("no \"steps\" array: is this a batchscope timeline?");
-  const steps = obj.steps.filter(s => s && typeof s === "object").map(prep);
-  steps.sort((a, b) => a.step - b.step);
-  return {
-    steps,
-    nvml: Array.isArray(obj.nvml) ? obj.nvml.slice().sort((a, b) => a.t_us - b.t_us) : [],
-    requests: Array.isArray(obj.requests) ? obj.requests : [],
-    mode_changes: Array.isArray(obj.mode_changes) ? obj.mode_changes : [],
-    meta: obj.meta || {},
-    summary: obj.summary || {},
-    // tensor parallel recordings only; an older timeline has none and replays as before
-    rankSteps: Array.isArray(obj.rank_steps) ? rankStepsOf(obj.rank_steps) : {},
-  };
-}
 
 // ---------------------------------------------------------------- the live store
 
@@ -462,45 +306,6 @@ export function currentRange(d) {
   return [hi - view.span, hi];
 }
 
-// Steps are ordered by index, and so (nearly) by time: binary-search the start, then filter.
-export function stepsIn(steps, lo, hi) {
-  let a = 0, b = steps.length;
-  while (a < b) { const mid = (a + b) >> 1; if (steps[mid]._s < lo - 5e6) a = mid + 1; else b = mid; }
-  const out = [];
-  for (let i = a; i < steps.length; i++) {
-    const s = steps[i];
-    if (s._s > hi) break;
-    if (s._e >= lo) out.push(s);
-  }
-  return out;
-}
-
-// The steps in [lo, hi] and `extra` more on each side, so that lines cross the window at any zoom (a window
-// narrower than one step holds no step start at all). One contiguous slice of `steps`.
-export function stepsAround(steps, lo, hi, extra) {
-  return steps.slice(...stepRange(steps, lo, hi, extra));
-}
-
-// The same as indices [a, z) into steps, without copying.
-export function stepRange(steps, lo, hi, extra) {
-  const find = (t, key) => {
-    let a = 0, b = steps.length;
-    while (a < b) { const mid = (a + b) >> 1; if (steps[mid][key] < t) a = mid + 1; else b = mid; }
-    return a;
-  };
-  let a = find(lo, "_e"), z = find(hi, "_s");
-  while (z < steps.length && steps[z]._s <= hi) z++;
-  return [Math.max(0, a - extra), Math.min(steps.length, Math.max(z, a) + extra)];
-}
-
-// Samples (sorted by t_us) in [lo, hi] plus one on each side, for the same reason.
-export function samplesAround(samples, lo, hi) {
-  let a = 0, b = samples.length;
-  while (a < b) { const mid = (a + b) >> 1; if (samples[mid].t_us < lo) a = mid + 1; else b = mid; }
-  let z = a;
-  while (z < samples.length && samples[z].t_us <= hi) z++;
-  return samples.slice(Math.max(0, a - 1), Math.min(samples.length, z + 1));
-}
 
 // Where there is data: the first step's start to the last step's end, or to the server's clock when live
 // (an idle engine is data too: 0% busy, not a gap).

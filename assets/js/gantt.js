@@ -7,14 +7,17 @@
  * switch markers and zoom, while the canvas paints any number of spans in a few milliseconds. The ink is
  * each span's share of every pixel column (ink.js), so a lane's ink matches its share of time at every zoom.
  * Hover is ours too (gantt_hover.js): a Plotly marker per step cost more than the rest of the picture. */
-import { allreduceEstimate, currentData, findStep, shownBoard, state, stepRows, stepsIn, tensorParallel } from "./feed.js";
+import { currentData, shownBoard, state } from "./feed.js";
 import { bindHover } from "./gantt_hover.js";
 import { addSpan, coverage, paintInk, rgb } from "./ink.js";
 import { causeHint, causeLabel } from "./names.js";
 import { COLOR, GPU, HOST, LANES, NO_WORK, baseLayout, causeColor, draw, fontPx, ganttLanes, modeRuns, modeShapes,
   moveRange, presentHeight, rankLaneKey, textScale, warmupShapes } from "./plot.js";
 import { insideInk, setInsideLegend } from "./gantt_inside.js";
-import { PHASE_COLOR } from "./tail.js";
+import { focusShapes, markShapes } from "./gantt_overlays.js";
+import { findStep } from "./records.js";
+import { stepsIn } from "./slices.js";
+import { allreduceEstimate, stepRows, tensorParallel } from "./tensor_parallel.js";
 import { $, esc } from "./util.js";
 
 export const GANTT_HEIGHT = 318;           // with the ten lanes of one rank
@@ -91,63 +94,6 @@ export function showGantt(g) {
   el.dataset.focussteps = String(focus.steps);
   // the typical steps of a compared bucket (analysis.js): "side:step" of each one marked in view
   el.dataset.marks = marked.key;
-}
-
-// The typical steps of the bucket picked in the Compare view (state.marks, set by analysis.js): each step's span
-// outlined across the lanes, named above them.
-function markShapes(d, lo, hi) {
-  const shapes = [], annotations = [], keys = [], byStep = new Map();
-  for (const m of state.marks || []) {
-    if (m.source !== state.view.source) continue;
-    const s = findStep(d.steps, m.step);
-    if (!s || s._e < lo || s._s > hi) continue;
-    keys.push(`${m.side}:${m.step}`);
-    const same = byStep.get(m.step);           // both sides on one step (a timeline compared with itself): one label
-    if (same) { same.text = `${esc(m.side)} · ${same.text}`; continue; }
-    const x0 = s._s / 1e6, x1 = Math.max(s._e, s._s + (hi - lo) / 400) / 1e6;   // a sliver at least
-    shapes.push({ type: "rect", xref: "x", yref: "paper", x0, x1, y0: 0, y1: 1, layer: "above", fillcolor: m.color,
-                  opacity: 0.12, line: { width: 0 } });
-    shapes.push({ type: "rect", xref: "x", yref: "paper", x0, x1, y0: 0, y1: 1, layer: "above",
-                  fillcolor: "rgba(0,0,0,0)", line: { color: m.color, width: 1.5, dash: "dot" } });
-    const label = { xref: "x", yref: "paper", x: (x0 + x1) / 2, y: 1.025, showarrow: false, bgcolor: m.color,
-                    text: `${esc(m.side)} #${m.step}`, font: { size: fontPx(9.5), color: "#fff" } };
-    annotations.push(label);
-    byStep.set(m.step, label);
-  }
-  return { shapes, annotations, key: keys.join(",") };
-}
-
-// The focused request (state.focus, set by tail.js): each span of its lifetime washed across the lanes with a
-// strip above them naming it, and an outline round the compute of each of its steps in view.
-const FOCUS_STEPS_MAX = 400;               // outlines drawn at most (a long decode: the strip still shows it)
-
-function focusShapes(lo, hi, spec) {
-  const f = state.focus;
-  const none = { shapes: [], annotations: [], key: "", id: "", spans: 0, steps: 0 };
-  if (!f || f.source !== state.view.source) return none;
-  const shapes = [], annotations = [];
-  let spans = 0, steps = 0;
-  for (const sp of f.spans) {
-    const a = sp.t0_us, b = sp.t1_us ?? hi;
-    if (a === null || b < lo || a > hi) continue;
-    const color = PHASE_COLOR[sp.phase] || "#64748b";
-    shapes.push({ type: "rect", xref: "x", yref: "paper", x0: a / 1e6, x1: b / 1e6, y0: 0, y1: 1, layer: "above",
-                  fillcolor: color, opacity: sp.phase === "decode" ? 0.07 : 0.14, line: { width: 0 } });
-    shapes.push({ type: "rect", xref: "x", yref: "paper", x0: a / 1e6, x1: b / 1e6, y0: 1.005, y1: 1.045,
-                  fillcolor: color, opacity: 0.9, line: { width: 0 } });
-    annotations.push({ xref: "x", yref: "paper", x: (Math.max(a, lo) + Math.min(b, hi)) / 2e6, y: 1.025, showarrow: false,
-                       text: sp.phase, font: { size: fontPx(9.5), color: "#fff" } });
-    spans++;
-  }
-  const y = spec.y.compute;
-  for (const d of f.steps) {
-    const c = d.compute_us;
-    if (!c || c[0] === null || c[1] > hi + 1 || c[1] < lo || steps >= FOCUS_STEPS_MAX) continue;
-    shapes.push({ type: "rect", xref: "x", yref: "y", x0: c[0] / 1e6, x1: c[1] / 1e6, y0: y - 0.46, y1: y + 0.46,
-                  line: { color: "#0f172a", width: 1.5 }, fillcolor: "rgba(0,0,0,0)" });
-    steps++;
-  }
-  return { shapes, annotations, key: `${f.id}|${spans}|${steps}`, id: f.id, spans, steps };
 }
 
 // The canvas covers Plotly's plot area; its columns are device pixels. The margin holds the lane labels

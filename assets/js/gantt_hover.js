@@ -2,7 +2,9 @@
  * Found by binary search in the steps drawn last, so it costs nothing at redraw time, whatever the number of
  * steps (one Plotly marker per step made every redraw of a busy window slow). Over another tensor-parallel
  * rank's lanes it is that rank's part of the step; at every rank the box estimates the step's all-reduce time. */
-import { allreduceEstimate, currentData, findStep, span, stepRows } from "./feed.js";
+import { currentData } from "./feed.js";
+import { findStep, span } from "./records.js";
+import { allreduceEstimate, stepRows } from "./tensor_parallel.js";
 import { NOT_IN_TRACE, notInTrace } from "./unknown.js";
 import { causeLabel } from "./names.js";
 import { GPU, HOST } from "./plot.js";

@@ -5,11 +5,15 @@
  * timeline JSON (replay); feed.js holds both. Plain ES modules, no build step; Plotly is a classic script the
  * app serves at /batchscope-static/plotly.min.js, so it is window.Plotly here and may arrive after us.
  *
- *   api.js       HTTP and the websocket          feed.js    the state object, records, what to draw
+ *   api.js       HTTP and the websocket          feed.js    the state object, the live store, what to draw
+ *   records.js   step records, a timeline read   slices.js  the steps and samples in a window
+ *   tensor_parallel.js  the other ranks and the all-reduce estimate
  *   header.js    mode, counters, status line     controls.js toolbar, recordings, replay
  *   redraw.js    when to draw, in slices         view.js    Pause and the window buttons
- *   plot.js      colours, lanes, layout, zoom    gantt.js   the Gantt (ink.js, gantt_hover.js, gantt_inside.js)
- *   charts.js    the small charts                still.js   no animation frames for Gradio's lost trackers
+ *   plot.js      colours, lanes, layout, zoom    gantt.js   the Gantt (ink.js, gantt_hover.js, gantt_inside.js,
+ *                                                           gantt_overlays.js)
+ *   charts.js    the small charts (chart_rates.js)
+ *   still.js     no animation frames for Gradio's lost trackers
  *   tail.js      the slowest requests, one request's waits on the Gantt
  *   analysis.js  the Compare and What-if boxes under the charts (compare_view.js, whatif_view.js), a compared
  *                bucket's typical steps on the Gantt
@@ -23,10 +27,12 @@ import "./palette.js";               // first: it sets the stylesheet's mode col
 import { mountAnalysis } from "./analysis.js";
 import { api, connect, socket } from "./api.js";
 import { buildScope, refreshRecordings, showReplay, backToLive, syncControls } from "./controls.js";
-import { handle, normalise, state, stepsIn } from "./feed.js";
+import { handle, state } from "./feed.js";
 import { buildLegend } from "./gantt.js";
 import * as header from "./header.js";
+import { normalise } from "./records.js";
 import { observeCharts, perf, startRedraw } from "./redraw.js";
+import { stepsIn } from "./slices.js";
 import "./stage.js";                 // scoreboard, presentation mode, keys, example recording
 import "./sweep.js";                 // the Sweep tab's charts
 import { keepStill, still } from "./still.js";

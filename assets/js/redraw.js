@@ -13,7 +13,9 @@
  * are skipped and drawn when they come back; a chart of per-step values whose steps have not changed only has
  * its axis moved. */
 import { CHARTS, chartContext, drawChart, isPerStep } from "./charts.js";
-import { currentData, currentRange, onDirty, state, stepsIn, tensorParallel } from "./feed.js";
+import { currentData, currentRange, onDirty, state } from "./feed.js";
+import { stepsIn } from "./slices.js";
+import { tensorParallel } from "./tensor_parallel.js";
 import { prepareGantt, prepareRanks, showGantt } from "./gantt.js";
 import { moveRange, presentHeight, textScale } from "./plot.js";
 import { $ } from "./util.js";
