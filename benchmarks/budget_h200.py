@@ -58,7 +58,8 @@ def _q(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def replay(paths: list[str]) -> None:
+def replay(paths: list[str]) -> list[dict]:
+    out = []
     for path in paths or sorted(glob.glob(RECORDED)):
         model, every, prefill = StepTimeModel(), [], []
         for shape, ms in recorded_steps(path):
@@ -74,6 +75,10 @@ def replay(paths: list[str]) -> None:
         print(f"{name:<75} steps {len(every):5d}  error median {100 * _q(every, .5):4.1f}% "
               f"p90 {100 * _q(every, .9):4.1f}%  prefill steps median {100 * _q(prefill, .5):4.1f}% "
               f"p90 {100 * _q(prefill, .9):4.1f}%")
+        out.append({"timeline": name, "steps": len(every), "error_pct": {"p50": 100 * _q(every, .5),
+                    "p90": 100 * _q(every, .9)}, "prefill_steps": len(prefill),
+                    "prefill_error_pct": {"p50": 100 * _q(prefill, .5), "p90": 100 * _q(prefill, .9)} if prefill else None})
+    return out
 
 
 def _truth(shape: StepShape) -> float:
@@ -142,29 +147,40 @@ def _served(rate: float, n: int, prompt: tuple[int, int], new: tuple[int, int], 
     return out
 
 
-def simulate() -> None:
+def simulate() -> dict:
     prefill = [{"arr": 0.0, "prompt": 4000, "new": 64} for _ in range(32)]
     cases = [("prefill 32 x 4000 x 64", prefill, 32),
              ("served 12/s", _served(12, 240, (128, 1024), (64, 512)), 64),
              ("served 40/s", _served(40, 240, (128, 1024), (64, 512)), 64),
              ("long 2048-8192 at 3/s", _served(3, 40, (2048, 8192), (64, 256)), 64)]
+    out: dict = {}
     for title, reqs, running in cases:
         print(title)
         runs = [("adaptive", None, True), ("no shapes", None, False), ("8192", 8192, True), ("256", 256, True)]
         for name, fixed, shapes in runs:
             if fixed == 8192 and not title.startswith("prefill"):
                 continue
-            r = simulate_one(reqs, fixed, running, shapes)
+            r = out.setdefault(title, {})[name] = simulate_one(reqs, fixed, running, shapes)
             print(f"  {name:<10} wall {r['wall_s']:6.2f} s  steps {r['steps']:5d}  ITL p50/p99 {r['itl_p50']:6.2f}/"
                   f"{r['itl_p99']:7.2f} ms  p99/p50 {r['itl_p99'] / r['itl_p50']:5.2f}  TTFT p50/p99 "
                   f"{r['ttft_p50']:7.1f}/{r['ttft_p99']:7.1f} ms")
+    return out
 
 
 if __name__ == "__main__":
-    what = sys.argv[1] if len(sys.argv) > 1 else "simulate"
+    args = sys.argv[1:]
+    json_out = None
+    if "--json" in args:                    # also write the figures printed, for docs/BENCHMARKS.md to cite
+        i = args.index("--json")
+        json_out, args = args[i + 1], args[:i] + args[i + 2:]
+    what = args[0] if args else "simulate"
     if what == "replay":
-        replay(sys.argv[2:])
+        result = replay(args[1:])
     elif what == "simulate":
-        simulate()
+        result = simulate()
     else:
         sys.exit(__doc__)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump({"command": " ".join(["python", "benchmarks/budget_h200.py", *sys.argv[1:]]), what: result}, f,
+                      indent=1)
