@@ -205,6 +205,23 @@ def test_steps_that_carry_decodes_stay_within_the_mixed_graphs_and_always_move_p
     assert slow.choose(32, 600, 300.0, 32_000, [(0, 600)]).tokens == 32 + MIN_CHUNK
 
 
+def test_the_knee_floor_rounds_up_only_while_the_step_stays_within_the_target():
+    # the H200 served run at 12 req/s: a knee of ~270 tokens; rounding it up to the 320-token graph made steps of
+    # 10.4-11.1 ms against a 9.3 ms target (ITL p99 2.06x its median), where 256 tokens stay within it
+    coef = (5.2, 0.014, 0.019, 0.003, 0.042)
+    budget = _taught(StepBudget(None, 8192), coef)
+    budget.limit_decode_steps(GRAPHS)
+    assert 255 < budget.model.knee_tokens() < 288        # nearer 256 than 320
+    rows, kv = 16, 16 * 700
+    chosen = budget.choose(rows, 600, 300.0, kv, [(0, 600)])
+    predict = budget.model.predict
+    target = DECODE_FACTOR * predict(StepShape(rows, kv))
+    assert predict(StepShape.with_chunk(rows, kv, [(0, 600)], 320 - rows)) > target    # 320 would overshoot
+    assert chosen.tokens == 256 and chosen.target_ms == pytest.approx(target)
+    # with room in the target (many decodes over long contexts) the bucket past the knee is taken
+    assert budget.choose(48, 600, 300.0, 48 * 3000, [(0, 600)]).tokens >= 320
+
+
 def test_a_decode_target_budget_ends_on_a_graph_bucket_so_no_step_pays_for_padding():
     budget = _taught(StepBudget(None, 8192))
     free = budget.choose(16, 600, 300.0, 8000, [(0, 600)]).tokens
