@@ -30,7 +30,7 @@ begin=$(date +%s)
 git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit /' | tee "$OUT/gpu.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$OUT/gpu.txt"
 
-BENCH="python3 -m batchscope bench --model $MODEL --device $DEVICE --no-progress"
+BENCH="python3 -m batchscope.app.bench --model $MODEL --device $DEVICE --no-progress"
 run() {   # run NAME ARGS...: one bench process (one model load), its JSON, log and timelines under $OUT
   local name=$1; shift
   local t=$(date +%s)
