@@ -101,6 +101,11 @@ def _telemetry(key: str) -> Callable[[BurstResults], Any]:
     return lambda r: (r.telemetry or {}).get(key)
 
 
+def _delivery(q: str) -> Callable[[BurstResults], Any]:
+    """The delivery delay (the server's share of ITL): None, shown as unknown, where nothing was streamed."""
+    return lambda r: ((r.telemetry or {}).get("delivery_delay_ms") or {}).get(q)
+
+
 def ab_groups(res: BurstResults | None) -> list[tuple[str, str | None, list[Row]]]:
     """The A/B table's rows in groups that share which way is better: (heading, "lower"/"higher"/None, rows)."""
     nvml = (res is not None and (res.telemetry or {}).get("gpu_util_mean") is not None)
@@ -109,6 +114,7 @@ def ab_groups(res: BurstResults | None) -> list[tuple[str, str | None, list[Row]
             *((f"{label} {q}", "ms", _latency(key, q), 1)
               for label, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms"))
               for q in ("p50", "p99")),
+            *((f"delivery delay {q}", "ms", _delivery(q), 2) for q in ("p50", "p99")),
             ("wall time", "s", lambda r: r.duration_s, 2)]),
         ("throughput and busy: higher is better ↑", "higher", [
             ("output tokens/s", "", lambda r: r.output_tokens_per_s, 1),

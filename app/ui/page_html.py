@@ -278,6 +278,8 @@ def results_html(res: BurstResults | None, table_id: str = "bs-burst-results") -
         p = getattr(res, key)
         rows.append(f"<tr><th>{label} <small>ms</small></th>"
                     + "".join(f"<td>{number_text(v)}</td>" for v in (p.p50, p.p90, p.p99)) + "</tr>")
+    if res.telemetry is not None:
+        rows.append(_delivery_row(res.telemetry.get("delivery_delay_ms")))
     util_label, util = _util(res)
     extra = [("output tokens/s", res.output_tokens_per_s, 1), ("requests/s", res.requests_per_s, 2),
              (result_busy_label(res), res.busy_pct, 1), (util_label, util, 1), ("requests completed", res.completed, 0),
@@ -286,6 +288,20 @@ def results_html(res: BurstResults | None, table_id: str = "bs-burst-results") -
                    for label, v, d in extra if v is not None)
     return (f'<table id="{table_id}" class="bs-table"><thead><tr><th></th><th>p50</th><th>p90</th><th>p99</th></tr>'
             f'</thead><tbody>{"".join(rows)}{tail}</tbody></table>')
+
+
+DELIVERY_TITLE = ("From each sampled token to its chunk written to the client: the server's event loop, "
+                  "detokenising and JSON, not the GPU. Unknown where nothing was streamed.")
+
+
+def delivery_text(p: dict | None, q: str) -> str:
+    """One percentile of the delivery delay, or "unknown" where no token was streamed (nothing measured it)."""
+    return number_text(p.get(q), 2) if p and p.get("n") else "unknown"
+
+
+def _delivery_row(p: dict | None) -> str:
+    return (f'<tr class="bs-delivery" title="{html.escape(DELIVERY_TITLE)}"><th>delivery delay <small>ms</small></th>'
+            + "".join(f"<td>{delivery_text(p, q)}</td>" for q in ("p50", "p90", "p99")) + "</tr>")
 
 
 # What "busy" is called for each way it was measured: the same words as assets/js/palette.js's busyLabel (the
@@ -324,6 +340,7 @@ REPLAY_FIELDS = (("model", "meta", "model"), ("device", "meta", "device"), ("GPU
                  ("busy %", "summary", "busy_pct"), ("busy measured from", "summary", "busy_basis"),
                  ("busy between steps only %", "summary", "busy_pct_steps"),
                  ("GPU idle total µs", "summary", "idle_us_total"), ("decode ms/step p50", "summary", "decode_ms_p50"),
+                 ("delivery delay p50 / p99 ms", "summary", "delivery_delay_ms"),
                  ("batch size mean", "summary", "batch_requests_mean"),
                  ("queue depth max", "summary", "queue_depth_max"),
                  ("KV usage max %", "summary", "kv_usage_pct_max"), ("NVML util mean %", "summary", "gpu_util_mean"))
@@ -347,6 +364,10 @@ def replay_html(state) -> str:
             continue
         if key == "busy_basis":
             v = BUSY_BASIS_WORDS.get(v, v)
+        if key == "delivery_delay_ms":
+            if not v.get("n"):
+                continue
+            v = f"{delivery_text(v, 'p50')} / {delivery_text(v, 'p99')}"
         if isinstance(v, dict):
             v = ", ".join(f"{k} {n}" for k, n in v.items())
         elif isinstance(v, float):

@@ -2,6 +2,7 @@
 engine made it (`token_us`), in the timeline, its summary and /metrics."""
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -10,6 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.app.loadtest.specs import Limits
+from batchscope.app.loadtest.statuses import BurstResults
+from batchscope.app.ui.page_html import results_html
 from batchscope.telemetry.delivery import Deliveries
 from helpers import tiny_app_server
 
@@ -146,3 +149,10 @@ def test_an_in_process_burst_records_when_each_token_reached_its_sender(server):
         assert all(s >= t for t, s in zip(r["token_us"], r["sent_us"])) and r["sent_us"] == sorted(r["sent_us"])
     count, _ = delivery_metric(server.url)
     assert count - count0 == 4 * 9
+    # the burst's own results carry the delay its window measured, and the page's results table shows it
+    results = BurstResults(**httpx.get(f"{server.url}/api/bursts/{burst_id}").json()["results"])
+    delay = results.telemetry["delivery_delay_ms"]
+    assert delay["n"] == 4 * 9 and 0 <= delay["p50"] <= delay["p99"]
+    row = re.search(r'<tr class="bs-delivery".*?</tr>', results_html(results)).group(0)
+    assert "delivery delay" in row and "unknown" not in row
+    assert results_html(results.model_copy(update={"telemetry": {}})).count("unknown") == 3    # nothing streamed
