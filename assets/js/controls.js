@@ -10,6 +10,7 @@ import { notInTrace } from "./unknown.js";
 import { setConn } from "./header.js";
 import { $, note, setText } from "./util.js";
 import { mountProfile } from "./profile.js";
+import { VIEW_CHANGED } from "./plot.js";
 
 // Controls that need an engine; a replay-only server disables them.
 const LIVE_ONLY = ["bs-rec", "bs-rec-name", "bs-rec-list", "bs-pause"];
@@ -89,6 +90,8 @@ function disableLiveOnly() {
   $("bs-back-live").hidden = true;
   $("bs-rec-group").hidden = true;       // nothing to record without an engine
 }
+
+document.addEventListener(VIEW_CHANGED, () => syncControls());   // a zoom or a double-click on a chart
 
 export function syncControls() {
   const view = state.view;

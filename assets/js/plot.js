@@ -1,7 +1,6 @@
 /* What the Gantt and the small charts share: colours and lanes, the Plotly layout they start from, mode-switch
  * markers, and `draw`, which also makes a zoom on any chart apply to all of them. */
 import { replayRange, state } from "./feed.js";
-import { syncControls } from "./controls.js";
 import { switchLabel, switchesLabel } from "./names.js";
 import { MODE_COLOR, MODE_INK } from "./palette.js";
 
@@ -118,6 +117,14 @@ export function moveRange(el, lo, hi) {
   Promise.resolve(p).finally(() => { drawing.own--; });
 }
 
+// The window changed under the user's hand: the controls (controls.js, which draws through this module, so it
+// listens rather than being called) show it, and the charts redraw.
+function viewChanged() {
+  document.dispatchEvent(new Event(VIEW_CHANGED));
+  state.dirty = true;
+}
+export const VIEW_CHANGED = "bs-view-changed";
+
 // Zooming any chart freezes the window on that range and applies it to every chart; a double-click goes back
 // to the live view (live) or to the whole recording (replay).
 function followZoom(ev) {
@@ -127,7 +134,7 @@ function followZoom(ev) {
     view.zoomed = false;
     if (view.source === "live") { view.follow = true; view.range = null; view.paused = false; }
     else { view.span = Infinity; view.range = replayRange(); }
-    syncControls(); state.dirty = true;
+    viewChanged();
     return;
   }
   const a = ev["xaxis.range[0]"] !== undefined ? ev["xaxis.range[0]"] : ev["xaxis.range"] && ev["xaxis.range"][0];
@@ -136,7 +143,7 @@ function followZoom(ev) {
   view.follow = false;
   view.zoomed = true;                      // a zoom is no window width: the window buttons go dark
   view.range = [a * 1e6, b * 1e6];
-  syncControls(); state.dirty = true;
+  viewChanged();
 }
 
 // Presentation mode (stage.js puts bs-present on <html>) enlarges the charts' text for a projector, more on a
