@@ -12,6 +12,7 @@ import { samplesAround, stepsAround } from "./slices.js";
 import { notInTrace } from "./unknown.js";
 import { COLOR, GRID, NO_WORK, bandShapes, baseLayout, chartMargin, draw, fontPx, modeRuns, modeShapes, presentHeight,
   titled, warmupShapes } from "./plot.js";
+import { busyLabel } from "./palette.js";
 import { $ } from "./util.js";
 
 // ---------------------------------------------------------------- the registry
@@ -80,7 +81,7 @@ function drawBusy(el, ctx) {
   const { nv, nvKey, perGpu } = utilization(samples);
   const clock = smClock(samples);
   const nvName = nvKey === "gpu_util" ? "NVML util" : "host CPU % (no NVML)";
-  const busyName = r.hostBasis ? "compute busy % (host spans)" : r.deviceBasis ? "device busy % (ops)" : "event busy %";
+  const busyName = busyLabel(r.hostBasis ? "host" : r.deviceBasis ? "device_ops" : "events") + " %";   // palette.js's words
   // (short names under tensor parallelism: the legend holds a line per rank and per GPU; the title says what
   // the busy % is measured with)
   const rankName = rank => "rank " + rank + " busy %";

@@ -308,7 +308,7 @@ def test_replay_only_server(browser, tmp_path):
             return n / c.width;
         }""")
         assert green > 0.5, green
-        busy = page.evaluate("document.getElementById('bs-c-busy').data.find(t => t.name === 'event busy %').y")
+        busy = page.evaluate("document.getElementById('bs-c-busy').data.find(t => t.name === 'busy (events) %').y")
         assert 0 < max(busy) <= 100
         page.screenshot(path=str(tmp_path / "replay.png"), full_page=True)
         assert not w.errors, w.errors

@@ -205,7 +205,7 @@ def test_charts_rebin_when_zoomed_in(replay, browser, demo):
                 }))""", [a, b])
             for chart, traces in shown.items():
                 assert any(t["inside"] or t["spans"] for t in traces), f"{chart} is empty in [{a}, {b}]: {traces}"
-            busy = next(t for t in shown["bs-c-busy"] if t["name"] == "event busy %")["inside"]
+            busy = next(t for t in shown["bs-c-busy"] if t["name"] == "busy (events) %")["inside"]
             tps = next(t for t in shown["bs-c-tps"] if t["name"] == "generated tok/s")["inside"]
             assert busy and all(0 < v <= 100 for v in busy), busy
             assert tps and max(tps) > 0, tps

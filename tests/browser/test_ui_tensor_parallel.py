@@ -235,8 +235,8 @@ def test_live_tp1_has_no_rank_lanes(browser):
             assert page.evaluate("document.getElementById('bs-gantt').layout.height") == 318
             assert not [t for t in tags(page) if t.startswith("rank ")], tags(page)
             assert not page.is_visible("#bs-legend-tp")
-            names = busy_lines(page, "compute busy % (host spans)")
-            assert names == ["compute busy % (host spans)", "host CPU % (no NVML)"], names
+            names = busy_lines(page, "busy (host) %")
+            assert names == ["busy (host) %", "host CPU % (no NVML)"], names
             assert not w.errors, w.errors
         finally:
             w.close()
@@ -340,7 +340,7 @@ def test_old_timeline_replays_as_before(tp_replay, browser):
         assert page.evaluate("document.getElementById('bs-gantt').layout.height") == 318
         assert not [k for k in lanes(page) if k.startswith("r1:")]
         names = page.evaluate("document.getElementById('bs-c-busy').data.map(t => t.name)")
-        assert names == ["event busy %", "NVML util", "SM clock MHz"], names
+        assert names == ["busy (events) %", "NVML util", "SM clock MHz"], names
         assert not w.errors, w.errors
     finally:
         w.close()
