@@ -16,7 +16,7 @@ max_batch_tokens None) is chosen per step from what the engine measured of its o
     token (attention aside) is within BACKLOG_EFFICIENCY (2%) of the best any step size reaches, until the
     backlog falls under
     BACKLOG_EXIT_STEPS such steps. An explicit `itl_target_ms` is never exceeded.
-The knee floor rounds to a graph bucket: up while that step stays within the target, else to the nearest.
+The knee floor rounds to a graph bucket: up while that step stays within the target, else to the nearest by ratio.
 
 The step-time model (step_time.py) predicts each step's device ms from its shape.
 """
@@ -171,13 +171,13 @@ class StepBudget:
 
     def _knee_bucket(self, up: int, floor: int, lo: int, within_target) -> int:
         """The graph bucket a knee-floored step runs on: the one past the knee while its step stays within the
-        target, else the one nearest the knee (H200, 8B, 12 req/s: a knee of ~270 tokens rounded up to the
+        target, else the one nearest the knee by ratio (H200, 8B, 12 req/s: a knee of ~270 tokens rounded up to the
         320-token graph made 10.4-11.1 ms steps against a 9.3 ms target, an ITL p99 2.06x its median; 256 keeps
         it within 2x and prefills as fast)."""
         down = [t for t in self.graph_tokens if lo <= t < floor]
         if within_target(up) or not down:
             return up
-        return up if up - floor < floor - down[-1] else down[-1]
+        return up if up / floor <= floor / down[-1] else down[-1]     # nearest by ratio: what a step's cost scales by
 
     def _efficient_chunk(self, step_ms, decoding: int, waiting: int) -> int:
         """The smallest chunk whose step costs, per prompt token, within BACKLOG_EFFICIENCY of the cheapest step
