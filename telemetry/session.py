@@ -239,6 +239,17 @@ class Telemetry:
             raise KeyError(f"no recording named {name!r}")
         return rec.info()
 
+    def wait_finished(self, request_ids, timeout_s: float = 2.0) -> bool:
+        """Until the recorder holds the finish of each request (False if `timeout_s` passed first). A client can
+        see its last token before the engine thread records the finish (and joins the delivery times to it), so a
+        summary taken as the last stream ends could leave the newest requests out."""
+        wanted, deadline = {r for r in request_ids if r is not None}, time.monotonic() + timeout_s
+        while True:
+            wanted -= {req["id"] for req in list(self.recorder.requests)}
+            if not wanted or time.monotonic() > deadline:
+                return not wanted
+            time.sleep(0.01)
+
     def summary(self, t0_us: float | None = None, t1_us: float | None = None) -> dict:
         """Summary of the live ring over [t0_us, t1_us) (session µs; None: from the first / to the last step)."""
         parts = self.recorder.snapshot()

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 
 from batchscope.engine.config import SamplingParams
 
 from .arrivals import PlannedRequest, plan_burst
 from .client_timing import RequestTiming, burst_metrics
 from .refusals import BusyError, EngineTaken, ModeLocked
-from .runs import ABRun, Burst, LoadRun
+from .runs import ABRun, Burst, LoadRun, new_id
 from .sender import Sender, sleep_until
 from .specs import BurstSpec, Limits, LoadSpec, Mode
 from .sweep.curves import point_values
@@ -60,7 +59,7 @@ class BurstManager:
     # -- public
     def start_burst(self, spec: BurstSpec) -> str:
         spec = self._settle(spec)
-        burst = Burst(id=_new_id("b"), spec=spec, total=spec.num_requests)
+        burst = Burst(id=new_id("b"), spec=spec, total=spec.num_requests)
         with self._lock:
             self._admit(ab=False)
             self._bursts[burst.id] = burst
@@ -69,7 +68,7 @@ class BurstManager:
         return burst.id
 
     def start_ab(self, spec: BurstSpec) -> str:
-        ab = ABRun(id=_new_id("ab"), spec=self._settle(spec))
+        ab = ABRun(id=new_id("ab"), spec=self._settle(spec))
         with self._lock:
             self._admit(ab=True)
             self._abs[ab.id] = ab
@@ -81,7 +80,7 @@ class BurstManager:
         spec = self._settle(spec)
         with self._lock:
             self._admit_load()
-            run = LoadRun(id=_new_id("load"), spec=spec, mode=getattr(self.engine, "mode", None))
+            run = LoadRun(id=new_id("load"), spec=spec, mode=getattr(self.engine, "mode", None))
             self._loads[run.id] = run
             self._trim(self._loads, "loads")
         self.spawn(self.sender.run_load, run)
@@ -308,7 +307,7 @@ class BurstManager:
             for mode in ("sync", "async"):
                 ab.phase = mode
                 self.engine.set_mode(mode, reason=f"A/B {ab.id}: {mode} half")
-                burst = Burst(id=_new_id("b"), spec=ab.spec, total=ab.spec.num_requests, expect_mode=mode)
+                burst = Burst(id=new_id("b"), spec=ab.spec, total=ab.spec.num_requests, expect_mode=mode)
                 setattr(ab, "sync" if mode == "sync" else "async_", burst)
                 with self._lock:
                     if self._closed:            # closed between the halves: do not start the next
@@ -366,10 +365,14 @@ class BurstManager:
     def _run_burst(self, burst: Burst) -> None:
         plan = plan_burst(burst.spec, self.vocab_size)
         burst.mode = getattr(self.engine, "mode", None)
-        t0_us = self.telemetry.now_us() if self.telemetry is not None else None
+        tel = self.telemetry
+        t0_us = tel.now_us() if tel is not None else None
         timings, start_ns, end_ns = asyncio.run(self._drive(burst, plan))
-        t1_us = self.telemetry.now_us() if self.telemetry is not None else None
-        window = self.telemetry.summary(t0_us, t1_us) if self.telemetry is not None else None
+        # the window holds every request of the burst, its delivery times joined (telemetry records a finish late)
+        if tel is not None:
+            tel.wait_finished([t.request_id for t in timings if not t.error])
+        t1_us = tel.now_us() if tel is not None else None
+        window = tel.summary(t0_us, t1_us) if tel is not None else None
         errors = sorted({t.error for t in timings if t.error})[:MAX_ERRORS_REPORTED]
         results = BurstResults(**burst_metrics(timings, start_ns, end_ns), mode=burst.mode, errors=errors,
                                busy_pct=window.get("busy_pct") if window else None, telemetry=window,
@@ -394,7 +397,3 @@ class BurstManager:
         t = await self.sender.send(burst, p)
         burst.done += 1
         return t
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from .client_timing import LoadTally
@@ -172,3 +173,8 @@ class LoadRun:
                           failed=t.failed, cancelled=t.cancelled, skipped=self.skipped, in_flight=self.in_flight,
                           output_tokens=t.output_tokens, recent=LoadRecent(**t.recent(now, self.start_ns)),
                           mode_changes=changes, results=self.results, error=self.error)
+
+
+def new_id(prefix: str) -> str:
+    """A run's id: its kind's prefix and ten hex digits ("b-…" a burst, "ab-…" an A/B, "load-…" a load)."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
