@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
     w.add_argument("--json", metavar="FILE", default=None, help="write the batchscope.whatif/1 result here")
     w.add_argument("--verify", action="store_true",
                    help="then run the changed configuration for real on the same load and score the prediction")
+    w.add_argument("--against", metavar="TIMELINE", default=None,
+                   help="score the prediction against a run already made of the same load with these settings "
+                        "(a bench or server timeline) instead of running it (--verify)")
     w.add_argument("--runs", type=int, default=3, metavar="N",
                    help="simulations per prediction, each drawing its own step-time noise (the interval)")
     w.set_defaults(func=run)
@@ -36,19 +39,23 @@ def _say(msg: str) -> None:
 
 def run(args) -> int:
     from batchscope.telemetry.whatif import WhatIfError, open_recording, parse, predict
-    from batchscope.telemetry.whatif.measure import add_measured
+    from batchscope.telemetry.whatif.measure import add_measured, add_measured_from
     from batchscope.telemetry.whatif.table import text_lines
 
     try:
         if not 1 <= args.runs <= 100:
             raise WhatIfError(f"--runs must be from 1 to 100, got {args.runs}")
         settings = parse(args.settings)
+        if args.verify and args.against:
+            raise WhatIfError("--verify runs the configuration, --against reads a run of it: give one")
         if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
             raise WhatIfError(f"--json {args.json}: its folder does not exist")
         result = predict(open_recording(args.recording), settings, runs=args.runs)
         if args.verify:
             _say("running the changed configuration for real (--verify) ...")
             add_measured(open_recording(args.recording), settings, result)
+        elif args.against:
+            add_measured_from(result, open_recording(args.against))
     except WhatIfError as exc:
         _say(str(exc))
         return 2

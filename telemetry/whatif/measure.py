@@ -104,6 +104,22 @@ def add_measured(rec, settings: dict, result: dict) -> dict:
     return result
 
 
+def add_measured_from(result: dict, run) -> dict:
+    """--against: each predicted loop scored against a run already made (a Recording of the same load served with
+    the changed settings, e.g. a bench run) instead of running it again (--verify)."""
+    for mode, entry in result["modes"].items():
+        seg = run.segments.get(mode)
+        if seg is None:
+            raise WhatIfError(f"{run.name}: no {mode} steps to score the {mode} prediction against")
+        measured = {"mode": mode, **figures(seg.steps, seg.requests)}
+        if measured["requests"] != entry["predicted"].get("requests"):
+            result.setdefault("notes", []).append(
+                f"{run.name} served {measured['requests']} requests in {mode}, the prediction "
+                f"{entry['predicted'].get('requests')}: not the same load, the errors compare different runs")
+        score(entry, measured)
+    return result
+
+
 def score(entry: dict, measured: dict) -> dict:
     """One mode's entry of the result with its measurement: `measured`, the prediction's `error_pct` and whether
     each figure fell `within_interval` (the CLI's --verify and the server's verify job both end here)."""

@@ -183,9 +183,10 @@ def _device_timing(model: StepModel, rows: list[dict]) -> None:
                  if r.get("launch_span") and bool(r["eager"]) == eager]
         if leads:
             model.lead_us[eager] = max(0.0, _median(leads))
-    if model.lead_us:
+    if model.lead_us:       # a loop that ran only graphed (or only eager) steps lends its lead to the other kind
         for eager in (False, True):
-            model.lead_us.setdefault(eager, model.lead_us[not eager])
+            if eager not in model.lead_us:
+                model.lead_us[eager] = model.lead_us[not eager]
     else:
         model.lead_us = {False: 0.0, True: 0.0}
     blocked = [r["wait_span"][1] - r["compute_us"][1] for r in rows

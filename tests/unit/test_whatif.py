@@ -198,3 +198,27 @@ def test_an_interval_widened_by_a_large_replay_error_stops_at_zero():
     assert _band(93.61, 90.0, 604.0, min) == 0.0          # was -471.8 ms: a latency below zero
     assert _band(93.61, 99.0, 604.0, max) == round(93.61 * 7.04, 3)
     assert _band(10.0, 9.0, 5.0, min) == 9.0              # the runs' own low when it is lower than the widened edge
+
+
+H200_RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
+H200_SERVED = H200_RESULTS / "2026-12-05-h200-budget-knee" / "served_r12_adaptive.async.timeline.json.gz"
+H200_SERVED_256 = H200_RESULTS / "2026-12-05-h200-budget" / "served_r12_256.async.timeline.json.gz"
+
+
+def test_an_h200_recording_of_graphed_steps_only_predicts_and_scores_against_a_run_already_made(tmp_path, capsys):
+    """Every step of a served H200 run replays a CUDA graph (none eager): the model lends the graphed steps' launch
+    lead to the eager ones. --against scores the prediction with a run of the same seeded load at fixed 256 made
+    on the same H200: throughput -0.6%, TTFT p50 +2.9% when measured (benchmarks/results/2026-12-05-h200-whatif)."""
+    out = tmp_path / "against.json"
+    rc, text, err = _run(capsys, H200_SERVED, "--set", "max_batch_tokens=256", "--runs", "1",
+                         "--against", H200_SERVED_256, "--json", out)
+    assert rc == 0, err
+    entry = json.loads(out.read_text())["modes"]["async"]
+    assert entry["measured"]["requests"] == entry["predicted"]["requests"] == 240
+    assert abs(entry["error_pct"]["output_tokens_per_s"]) < 5
+    assert abs(entry["error_pct"]["ttft_ms"]["p50"]) < 15 and abs(entry["error_pct"]["itl_ms"]["p50"]) < 15
+    assert "measured" in text and "error" in text
+    rc, _, err = _run(capsys, H200_SERVED, "--set", "rate=2", "--verify", "--against", H200_SERVED_256)
+    assert rc == 2 and err.count("\n") == 1 and "--against" in err
+    rc, _, err = _run(capsys, H200_SERVED, "--set", "mode=sync", "--against", H200_SERVED_256)
+    assert rc == 2 and "no sync steps" in err
