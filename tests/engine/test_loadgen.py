@@ -91,6 +91,10 @@ class ScriptedTelemetry:
         self.windows.append((t0, t1))
         return {"busy_pct": 42.0}
 
+    def wait_finished(self, request_ids, timeout_s=2.0):
+        self.waited_for = list(request_ids)
+        return True
+
 
 def wait_state(get, timeout=20.0):
     deadline = time.monotonic() + timeout
@@ -211,6 +215,8 @@ def test_burst_runs_to_done_with_results():
     assert d.state == "done" and d.done == d.total == 8
     r = d.results
     assert r.completed == 8 and r.busy_pct == 42.0 and len(tel.windows) == 1
+    # the window is taken once telemetry holds every request's finish: the manager names them all
+    assert sorted(tel.waited_for) == sorted(f"req-{n}" for n in range(1, 9))
     for stats in (r.ttft_ms, r.tpot_ms, r.itl_ms, r.e2e_ms):
         assert stats.n > 0 and stats.p50 > 0 and stats.p50 <= stats.p90 <= stats.p99
     assert r.output_tokens == sum(p.max_new_tokens for p in plan_burst(spec.within(LIMITS), 49152))
