@@ -208,13 +208,18 @@ H200_SERVED_256 = H200_RESULTS / "2026-12-05-h200-budget" / "served_r12_256.asyn
 def test_an_h200_recording_of_graphed_steps_only_predicts_and_scores_against_a_run_already_made(tmp_path, capsys):
     """Every step of a served H200 run replays a CUDA graph (none eager): the model lends the graphed steps' launch
     lead to the eager ones. --against scores the prediction with a run of the same seeded load at fixed 256 made
-    on the same H200: throughput -0.6%, TTFT p50 +2.9% when measured (benchmarks/results/2026-12-05-h200-whatif)."""
+    on the same H200: throughput -0.3%, TTFT p50 -0.7% when measured (benchmarks/results/2026-12-05-h200-whatif)."""
     out = tmp_path / "against.json"
     rc, text, err = _run(capsys, H200_SERVED, "--set", "max_batch_tokens=256", "--runs", "1",
                          "--against", H200_SERVED_256, "--json", out)
     assert rc == 0, err
-    entry = json.loads(out.read_text())["modes"]["async"]
+    doc = json.loads(out.read_text())
+    entry = doc["modes"]["async"]
     assert entry["measured"]["requests"] == entry["predicted"]["requests"] == 240
+    # the launch lead is read on a free device: in async nearly every step waited ~4 ms behind the one computing,
+    # and taking that wait for the lead put ~0.6 s of idle (busy 97% for 99.9%) into the replay of the recording
+    assert doc["model"]["lead_us"]["graphed"] < 1000
+    assert abs(entry["replayed"]["busy_pct"] - entry["recorded"]["busy_pct"]) < 1
     assert abs(entry["error_pct"]["output_tokens_per_s"]) < 5
     assert abs(entry["error_pct"]["ttft_ms"]["p50"]) < 15 and abs(entry["error_pct"]["itl_ms"]["p50"]) < 15
     assert "measured" in text and "error" in text
