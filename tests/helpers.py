@@ -230,3 +230,14 @@ def serve_subprocess(*args: str, ui: bool = False, start_s: float = 180):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def whatif_predict(page, source: str, key: str, value: str, timeout_ms: int) -> None:
+    """Ask the page's What-if panel (already open) one setting of `source` with one simulation run, and press
+    Predict; the caller waits for the table it expects."""
+    page.wait_for_selector("#bs-whatif-key-max_batch_tokens", timeout=timeout_ms)
+    page.wait_for_function("document.querySelectorAll('#bs-whatif-source option').length >= 1", timeout=timeout_ms)
+    page.select_option("#bs-whatif-source", source)
+    page.fill(f"#bs-whatif-key-{key}", value)
+    page.fill("#bs-whatif-runs", "1")
+    page.click("#bs-whatif-predict")

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from batchscope.app.loadtest.specs import Limits
-from helpers import tiny_served, until
+from helpers import tiny_served, until, whatif_predict
 
 pytestmark = pytest.mark.browser
 
@@ -82,11 +82,7 @@ def test_compare_view_shows_the_servers_refusal(page):
 
 
 def test_whatif_panel_predicts_then_verifies_on_the_engine(page):
-    page.wait_for_selector("#bs-whatif-key-max_batch_tokens", timeout=T)
-    page.select_option("#bs-whatif-source", "base")
-    page.fill("#bs-whatif-runs", "1")
-    page.fill("#bs-whatif-key-mode", "sync")
-    page.click("#bs-whatif-predict")
+    whatif_predict(page, "base", "mode", "sync", T)
     page.wait_for_selector("#bs-whatif-table-sync", timeout=T)
     row = page.locator("#bs-whatif-table-sync tr[data-figure='output_tokens_per_s'] td")
     assert float(row.nth(2).text_content().split(" ")[0]) > 0 and row.nth(3).text_content() == ""

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from batchscope.app.loadtest.specs import Limits
-from helpers import tiny_served, until
+from helpers import tiny_served, until, whatif_predict
 
 pytestmark = pytest.mark.browser
 
@@ -111,12 +111,7 @@ def below_header(page):
 
 def test_whatif_predicts_a_smaller_token_budget(page):
     page.click("#bs-whatif-box > summary")
-    page.wait_for_selector("#bs-whatif-key-max_batch_tokens", timeout=T)
-    page.wait_for_function("document.querySelectorAll('#bs-whatif-source option').length >= 1", timeout=T)
-    page.select_option("#bs-whatif-source", "first")
-    page.fill("#bs-whatif-key-max_batch_tokens", "32")
-    page.fill("#bs-whatif-runs", "1")
-    page.click("#bs-whatif-predict")
+    whatif_predict(page, "first", "max_batch_tokens", "32", T)
     page.wait_for_selector("#bs-whatif-tables table tbody tr", timeout=T)
     assert page.text_content("#bs-whatif-error") == ""
     assert page.locator("#bs-whatif-tables table").count() >= 1
