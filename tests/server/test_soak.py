@@ -34,7 +34,7 @@ def server():
 def test_short_soak_against_a_real_server_is_clean(server, tmp_path):
     out = tmp_path / "soak.json"
     cmd = [sys.executable, "-m", "batchscope.app.soak", "--url", server, "--requests", "60", "--concurrency", "8",
-           "--flip-every", "0.5", "--viewers", "3", "--max-new-tokens", "16", "--max-prompt-words", "20",
+           "--flip-every", "0.1", "--viewers", "3", "--max-new-tokens", "16", "--max-prompt-words", "20",
            "--cancel-fraction", "0.25", "--seed", "3", "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
