@@ -66,8 +66,12 @@ async def drive(url: str, model: str, rate: float, n: int, prompt_range, new_ran
 
 
 def _proc(args, seed, out):
-    out.put(asyncio.run(drive(args.url, args.model, args.rate / args.procs, args.requests // args.procs,
-                              args.prompt, args.new, seed)))
+    w0, c0 = time.perf_counter(), time.process_time()
+    results = asyncio.run(drive(args.url, args.model, args.rate / args.procs, args.requests // args.procs,
+                                args.prompt, args.new, seed))
+    # the client's own CPU share: near 100% would make it, not the server, the bottleneck
+    results[0]["client_cpu_pct"] = 100 * (time.process_time() - c0) / max(1e-9, time.perf_counter() - w0)
+    out.put(results)
 
 
 def handoff(n_streams: int, steps: int, batched: bool, coalesce: bool, fill_us: int = 800,
@@ -155,6 +159,8 @@ def summarise(results: list[dict], tl: dict, t_start_us: float) -> dict:
     period = [(b - a) / 1e3 for a, b in zip(ends, ends[1:])]
     span = [(s["cpu"]["update"][1] - s["cpu"]["schedule"][0]) / 1e3 for s in steps]
     tokens = [s.get("tokens_out", 0) for s in steps]
+    computed = sum(s["compute_us"][1] - s["compute_us"][0] for s in steps if s.get("compute_us"))
+    idle_busy = sum(v for s in steps for c, v in (s.get("idle_by_cause_us") or {}).items() if c != "empty_queue")
     idle: dict[str, float] = {}
     for s in steps:
         for cause, v in (s.get("idle_by_cause_us") or {}).items():
@@ -170,6 +176,8 @@ def summarise(results: list[dict], tl: dict, t_start_us: float) -> dict:
             # the engine thread's own CPU time in its update phase (where it hands deltas over), per token made
             "update_cpu_us_per_token": round(sum(s["cpu_us"]["update"] for s in steps if s.get("cpu_us"))
                                              / max(1, sum(tokens)), 2), "idle_ms_by_cause": {k: round(v / 1e3, 1) for k, v in idle.items()},
+            "busy_pct_excl_empty_queue": round(100 * computed / max(1.0, computed + idle_busy), 2),
+            "client_cpu_pct": [round(r["client_cpu_pct"], 1) for r in results if "client_cpu_pct" in r],
             "client_chunks": sum(len(r["chunks"]) for r in results), "requests_joined": len(reqs)}
 
 

@@ -82,11 +82,11 @@ def plotly_js_path() -> Path:
 
 
 def mount_static(app: FastAPI) -> None:
-    """assets/ and the plotly bundle, under a prefix Gradio leaves alone (it keeps /static and /assets)."""
-    plotly_js = plotly_js_path()
+    """assets/ and the plotly bundle, under a prefix Gradio leaves alone (it keeps /static and /assets).
+    plotly is looked up when the page asks for it, so an API-only server starts without it."""
 
     def plotly_bundle():
-        return FileResponse(plotly_js, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+        return FileResponse(plotly_js_path(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
 
     app.add_api_route("/batchscope-static/plotly.min.js", plotly_bundle, include_in_schema=False)
     app.mount("/batchscope-static", StaticFiles(directory=ASSETS_DIR, check_dir=False), name="batchscope-static")
