@@ -2,8 +2,9 @@
 each loop, fitted from the recording's own steps (docs/whatif.md).
 
   device compute   C = c0 + c_prefill x prefill tokens + c_admit x requests starting (their first chunk)
-                       + c_decode x decode rows + c_kv x KV tokens (+ c_eager on a GPU: a step that replays
-                       no CUDA graph)
+                       + c_decode x decode rows + c_kv x KV tokens
+                       + c_mixed + c_mixed_row x decode rows, in a step that carries prompt tokens
+                       (+ c_eager on a GPU: a step that replays no CUDA graph)
   schedule         c0 + c x requests in the step          fill     c0 + c x requests + c x tokens
   update           c0 + c x sampled rows                  launch   c0 (+ c_eager on a GPU); on a CPU the step
                                                                    computes inside its launch: launch = C
@@ -25,6 +26,11 @@ from .fit import Fit, fit
 from .recording import Recording, WhatIfError
 
 DEVICE_FEATURES = ("one", "prefill_tokens", "admitted", "decode_rows", "kv_tokens")
+# a mixed step (prompt tokens beside decode rows) runs the prefill kernels over its decode rows too: its own fixed
+# cost and per-row price, without which decode rows beyond the recorded ones are under-priced in mixed steps.
+# Fitted only where both kinds of step ran often enough to tell the two prices apart.
+MIXED_FEATURES = ("mixed", "mixed_rows")
+MIN_STEPS_OF_EACH_KIND = 30
 HOST_FEATURES = {"schedule": ("one", "requests"), "fill": ("one", "requests", "tokens"),
                  "update": ("one", "sampled"), "launch": ("one", "eager")}
 GAPS = ("launch_wait", "update_schedule")
@@ -87,7 +93,9 @@ def shape_row(graphs: Graphs, basis: str, prefill: int, decode: int, requests: i
               admitted: int, kv_tokens: int) -> dict:
     """A step's features: its shape as the device computes it (padded to its graph), and as the host handles it."""
     eager, padded_prefill, padded_rows = graphs.pad(prefill, decode)
+    mixed = float(prefill > 0)
     return {"prefill_tokens": padded_prefill, "decode_rows": padded_rows, "tokens": prefill + decode,
+            "mixed": mixed, "mixed_rows": mixed * padded_rows,
             "real_prefill_tokens": prefill, "real_decode_rows": decode,
             "requests": requests, "sampled": sampled, "admitted": admitted, "kv_tokens": kv_tokens,
             "eager": float(basis == "gpu" and eager)}
@@ -129,6 +137,9 @@ def build(rec: Recording) -> StepModel:
     if len(rows) < 3:
         raise WhatIfError(f"{rec.name}: fewer than three timed steps while the load ran: no step time to fit")
     names = DEVICE_FEATURES + (("eager",) if basis == "gpu" else ())
+    mixed = sum(1 for r in rows if r["mixed"])
+    if min(mixed, len(rows) - mixed) >= MIN_STEPS_OF_EACH_KIND:
+        names += MIXED_FEATURES
     device = fit(rows, names, "compute")
     host, gaps = {}, {}
     for mode in MODES:

@@ -227,3 +227,25 @@ def test_an_h200_recording_of_graphed_steps_only_predicts_and_scores_against_a_r
     assert rc == 2 and err.count("\n") == 1 and "--against" in err
     rc, _, err = _run(capsys, H200_SERVED, "--set", "mode=sync", "--against", H200_SERVED_256)
     assert rc == 2 and "no sync steps" in err
+
+
+def test_mixed_steps_with_more_decode_rows_than_recorded_are_priced_by_their_own_fit():
+    """At 40 req/s the H200's mixed steps (a prompt chunk beside 48-64 decode rows) ran beyond the 12 req/s
+    recording's (at most 32 rows). With one price per decode row for every step they came out 9% cheaper than
+    measured, and the saturated prediction's ITL p50 29% low; a mixed step's own fixed cost and per-row price
+    (fitted where the recording ran both kinds often enough) bring them within a few percent."""
+    from batchscope.telemetry.whatif import open_recording
+    from batchscope.telemetry.whatif.model import Graphs, build, step_rows
+
+    rec = open_recording(str(H200_SERVED))
+    model = build(rec)
+    assert {"mixed", "mixed_rows"} <= set(model.as_dict()["device_compute"]["us"])
+    run = open_recording(str(H200_RESULTS / "2026-12-05-h200-budget" / "served_r40_256.async.timeline.json.gz"))
+    graphs = Graphs.of(run.config, True, run.info.get("mixed_graph_tokens") or [])
+    rows = [r for r in step_rows(run, [s for seg in run.segments.values() for s in seg.steps], graphs, "gpu")
+            if r["compute"] and r["real_prefill_tokens"] and r["real_decode_rows"] > 32]
+    assert len(rows) > 300
+    measured, predicted = sum(r["compute"] for r in rows), sum(model.device.predict(r) for r in rows)
+    assert abs(predicted / measured - 1) < 0.05
+    # a recording with a single mixed step cannot tell its price from the eager one's: the features stay out
+    assert "mixed" not in build(open_recording(str(H200_SYNC))).as_dict()["device_compute"]["us"]
