@@ -13,6 +13,9 @@ from ..loadtest.statuses import ABStatus, BurstResults, LoadStatus
 from .page_html import busy_label, error_html, number_text, progress_html, results_html
 
 SAME_WITHIN = 0.02          # ratios within 2% of 1 read "about the same": run-to-run noise, not a verdict
+# the delivery delay is a fraction of a millisecond on a quiet server: a change smaller than this is the host's
+# scheduling jitter, however large its ratio (0.6 vs 0.8 ms is not "x1.33 worse")
+DELIVERY_SAME_WITHIN_MS = 1.0
 
 STOP_REASONS = {"stopped": "stopped on request", "duration": "reached its time bound",
                 "max_requests": "sent its request bound", "shutdown": "the server is shutting down",
@@ -90,7 +93,7 @@ def ab_progress_html(st: ABStatus) -> str:
 
 
 # (label, unit, read, digits): one row of the A/B table
-Row = tuple[str, str, Callable[[BurstResults], Any], int]
+Row = tuple[str, str, Callable[[BurstResults], Any], int, float]     # label, unit, read, digits, same within
 
 
 def _latency(key: str, q: str) -> Callable[[BurstResults], Any]:
@@ -111,25 +114,26 @@ def ab_groups(res: BurstResults | None) -> list[tuple[str, str | None, list[Row]
     nvml = (res is not None and (res.telemetry or {}).get("gpu_util_mean") is not None)
     return [
         ("time: lower is better ↓", "lower", [
-            *((f"{label} {q}", "ms", _latency(key, q), 1)
+            *((f"{label} {q}", "ms", _latency(key, q), 1, 0.0)
               for label, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms"))
               for q in ("p50", "p99")),
-            *((f"delivery delay {q}", "ms", _delivery(q), 2) for q in ("p50", "p99")),
-            ("wall time", "s", lambda r: r.duration_s, 2)]),
+            *((f"delivery delay {q}", "ms", _delivery(q), 2, DELIVERY_SAME_WITHIN_MS) for q in ("p50", "p99")),
+            ("wall time", "s", lambda r: r.duration_s, 2, 0.0)]),
         ("throughput and busy: higher is better ↑", "higher", [
-            ("output tokens/s", "", lambda r: r.output_tokens_per_s, 1),
-            ("requests/s", "", lambda r: r.requests_per_s, 2),
-            (busy_label(((res.telemetry if res else None) or {}).get("busy_basis")), "%", lambda r: r.busy_pct, 1)]),
+            ("output tokens/s", "", lambda r: r.output_tokens_per_s, 1, 0.0),
+            ("requests/s", "", lambda r: r.requests_per_s, 2, 0.0),
+            (busy_label(((res.telemetry if res else None) or {}).get("busy_basis")), "%", lambda r: r.busy_pct, 1,
+             0.0)]),
         # utilization explains a result rather than being one: no verdict on it
         ("context: no better or worse", None, [
             ("NVML util, mean" if nvml else "host CPU, mean", "%",
-             _telemetry("gpu_util_mean" if nvml else "cpu_pct_mean"), 1)]),
+             _telemetry("gpu_util_mean" if nvml else "cpu_pct_mean"), 1, 0.0)]),
     ]
 
 
-def verdict(sync: Any, async_: Any, better: str | None) -> tuple[str, str]:
+def verdict(sync: Any, async_: Any, better: str | None, same_within: float = 0.0) -> tuple[str, str]:
     """(css class, text) for async against sync: the ratio, an arrow for which way it moved, and whether that
-    is better or worse for this metric."""
+    is better or worse for this metric; "same" within 2% or within `same_within` in the metric's own unit."""
     try:
         s, a = float(sync), float(async_)
     except (TypeError, ValueError):
@@ -137,7 +141,7 @@ def verdict(sync: Any, async_: Any, better: str | None) -> tuple[str, str]:
     if s == 0:
         return "bs-none", "–"
     ratio = a / s
-    if abs(ratio - 1) < SAME_WITHIN:
+    if abs(ratio - 1) < SAME_WITHIN or abs(a - s) < same_within:
         return "bs-same", f"×{ratio:.2f} ≈ same"
     arrow = "▲" if ratio > 1 else "▼"
     if better is None:
@@ -156,11 +160,11 @@ def ab_compare_html(ab: ABStatus) -> str:
     body = []
     for heading, better, rows in ab_groups(s or a):
         cells = []
-        for label, unit, read, digits in rows:
+        for label, unit, read, digits, same_within in rows:
             vs, va = (read(s) if s else None), (read(a) if a else None)
             if vs is None and va is None:
                 continue
-            cls, text = verdict(vs, va, better)
+            cls, text = verdict(vs, va, better, same_within)
             cells.append(f'<tr><th>{e(label)} <small>{e(unit)}</small></th><td>{number_text(vs, digits)}</td>'
                          f'<td>{number_text(va, digits)}</td><td class="bs-verdict {cls}">{text}</td></tr>')
         if cells:

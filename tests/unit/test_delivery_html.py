@@ -35,6 +35,15 @@ def test_the_ab_table_sets_the_delivery_delay_of_both_modes_side_by_side():
     table = ab_compare_html(ab)
     p99 = re.search(r"delivery delay p99.*?</tr>", table, re.S).group(0)
     assert "40.00" in p99 and "10.00" in p99 and "better" in p99
+    p50 = re.search(r"delivery delay p50.*?</tr>", table, re.S).group(0)
+    assert "better" in p50                                        # 2 ms -> 1 ms: a millisecond saved
+    quiet = ABStatus.model_construct(sync=_results({"n": 9, "p50": 0.6, "p99": 0.9}),
+                                     async_=_results({"n": 9, "p50": 0.8, "p99": 9.0}), speedup=None, valid=True,
+                                     mode_changes=[])
+    table = ab_compare_html(quiet)
+    # 0.6 vs 0.8 ms is the host's jitter, not "x1.33 worse"; 0.9 vs 9 ms is a real change
+    assert "same" in re.search(r"delivery delay p50.*?</tr>", table, re.S).group(0)
+    assert "worse" in re.search(r"delivery delay p99.*?</tr>", table, re.S).group(0)
     none = ABStatus.model_construct(sync=_results(None), async_=_results(None), speedup=None, valid=True,
                                     mode_changes=[])
     assert "delivery delay" not in ab_compare_html(none)         # neither streamed: no row of two blanks
