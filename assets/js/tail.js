@@ -14,7 +14,7 @@ const LIVE_REFRESH_MS = 4000;              // live: looked at again this often, 
 const PAD = 0.06;                          // the window shows this share of the lifetime on each side
 export const PHASE_COLOR = { queue: "#f59e0b", prefill: "#8b5cf6", decode: "#16a34a", preempted: "#ef4444" };
 
-const seen = { finished: -1, source: "" };
+const seen = { finished: -1, source: "" };        // finished: the latest finish_us the list was built after
 
 export function buildTail(root) {
   const legend = $("bs-legend");
@@ -55,13 +55,17 @@ export function buildTail(root) {
 const inReplay = () => state.view.source === "replay";
 const selector = () => (inReplay() ? "replay=true" : "");
 
-// Live: a new list only when more requests finished than last time (the route builds the whole live timeline).
+// Live: a new list only when a request finished since last time (the route builds the whole live timeline). The
+// latest finish, not a count: the page keeps the newest KEEP_REQUESTS requests, so after a long burst the count
+// of finished ones stays at that cap while new ones keep finishing.
 function liveRefresh() {
   if (inReplay() || document.hidden || !$("bs-slowest")) return;
-  let finished = 0;
-  for (const r of state.store.requests.values()) if (r.finish_us !== null && r.finish_us !== undefined) finished++;
-  if (finished !== seen.finished) refreshSlowest();
-  seen.finished = finished;
+  let latest = -1;
+  for (const r of state.store.requests.values()) if (r.finish_us !== null && r.finish_us !== undefined) {
+    latest = Math.max(latest, r.finish_us);
+  }
+  if (latest !== seen.finished) refreshSlowest();
+  seen.finished = latest;
 }
 
 export async function refreshSlowest() {
