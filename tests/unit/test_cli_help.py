@@ -134,3 +134,20 @@ def test_batchscope_help_loads_no_torch():
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_gil_switch_interval_is_a_positive_number_of_milliseconds(capsys):
+    assert PARSER.parse_args(["serve", "--switch-interval-ms", "0.5"]).switch_interval_ms == 0.5
+    assert PARSER.parse_args(["serve"]).switch_interval_ms is None        # Python's own, untouched
+    for bad in ("0", "-1", "fast"):
+        with pytest.raises(SystemExit):
+            PARSER.parse_args(["serve", "--switch-interval-ms", bad])
+    assert "--switch-interval-ms" in capsys.readouterr().err
+
+
+def test_a_gpu_server_gives_the_gil_back_sooner_than_python_does():
+    from batchscope.app.cli import GPU_SWITCH_INTERVAL_MS, switch_interval_ms
+
+    assert switch_interval_ms(None, "cuda:0") == GPU_SWITCH_INTERVAL_MS < 5.0
+    assert switch_interval_ms(None, "cpu") is None and switch_interval_ms(None, None) is None   # Python's 5 ms
+    assert switch_interval_ms(2.0, "cuda:0") == 2.0 and switch_interval_ms(0.25, "cpu") == 0.25
