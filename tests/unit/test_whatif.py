@@ -249,3 +249,17 @@ def test_mixed_steps_with_more_decode_rows_than_recorded_are_priced_by_their_own
     assert abs(predicted / measured - 1) < 0.05
     # a recording with a single mixed step cannot tell its price from the eager one's: the features stay out
     assert "mixed" not in build(open_recording(str(H200_SYNC))).as_dict()["device_compute"]["us"]
+
+
+def test_a_sync_loop_predicted_from_an_async_recording_takes_each_host_phase_at_its_cpu_time():
+    """In async a step's fill waits for its slot to come free and any phase may wait for the GIL while the device
+    computes; a sync loop does neither. From the H200's async recording, sync predicted with the async phases'
+    wall times was 19% slow on ITL p50 against the sync run the H200 then made (`--verify`, committed); with the
+    engine thread's CPU time in each phase it is within 10%."""
+    verify = H200_RESULTS / "2026-12-05-h200-whatif-verify" / "whatif" / "whatif-mode-sync.json"
+    measured = json.loads(verify.read_text())["modes"]["sync"]["measured"]
+    doc = predict(open_recording(str(H200_SERVED)), parse(["mode=sync"]), runs=1)
+    assert doc["model"]["host_from"]["sync"] == "async"
+    predicted = doc["modes"]["sync"]["predicted"]
+    assert abs(predicted["itl_ms"]["p50"] / measured["itl_ms"]["p50"] - 1) < 0.10
+    assert abs(predicted["output_tokens_per_s"] / measured["output_tokens_per_s"] - 1) < 0.05
