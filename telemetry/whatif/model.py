@@ -4,6 +4,7 @@ each loop, fitted from the recording's own steps (docs/whatif.md).
   device compute   C = c0 + c_prefill x prefill tokens + c_admit x requests starting (their first chunk)
                        + c_decode x decode rows + c_kv x KV tokens
                        + c_mixed + c_mixed_row x decode rows, in a step that carries prompt tokens
+                       + c_ctx x prompt chunks' attention (each chunk x its context, in thousands)
                        (+ c_eager on a GPU: a step that replays no CUDA graph)
   schedule         c0 + c x requests in the step          fill     c0 + c x requests + c x tokens
   update           c0 + c x sampled rows                  launch   c0 (+ c_eager on a GPU); on a CPU the step
@@ -25,7 +26,9 @@ from batchscope.engine.graphs import graph_buckets, mixed_buckets
 from .fit import Fit, fit
 from .recording import Recording, WhatIfError
 
-DEVICE_FEATURES = ("one", "prefill_tokens", "admitted", "decode_rows", "kv_tokens")
+# prefill_ctx: a prompt chunk attends to every token before it, so its cost grows with its context as well as its
+# length; without it a 2048-token chunk deep in an 8K prompt came out at half its H200 time (docs/whatif.md)
+DEVICE_FEATURES = ("one", "prefill_tokens", "admitted", "decode_rows", "kv_tokens", "prefill_ctx")
 # a mixed step (prompt tokens beside decode rows) runs the prefill kernels over its decode rows too: its own fixed
 # cost and per-row price, without which decode rows beyond the recorded ones are under-priced in mixed steps.
 # Fitted only where both kinds of step ran often enough to tell the two prices apart.
@@ -90,12 +93,14 @@ class StepModel:
 
 
 def shape_row(graphs: Graphs, basis: str, prefill: int, decode: int, requests: int, sampled: int,
-              admitted: int, kv_tokens: int) -> dict:
-    """A step's features: its shape as the device computes it (padded to its graph), and as the host handles it."""
+              admitted: int, kv_tokens: int, chunks: list[tuple[int, int]] = ()) -> dict:
+    """A step's features: its shape as the device computes it (padded to its graph), and as the host handles it.
+    `chunks`: its prompt chunks as (tokens before the chunk, chunk length)."""
     eager, padded_prefill, padded_rows = graphs.pad(prefill, decode)
     mixed = float(prefill > 0)
     return {"prefill_tokens": padded_prefill, "decode_rows": padded_rows, "tokens": prefill + decode,
             "mixed": mixed, "mixed_rows": mixed * padded_rows,
+            "prefill_ctx": sum(n * (start + n / 2) for start, n in chunks) / 1000,
             "real_prefill_tokens": prefill, "real_decode_rows": decode,
             "requests": requests, "sampled": sampled, "admitted": admitted, "kv_tokens": kv_tokens,
             "eager": float(basis == "gpu" and eager)}
@@ -103,13 +108,13 @@ def shape_row(graphs: Graphs, basis: str, prefill: int, decode: int, requests: i
 
 def step_rows(rec: Recording, steps: list[dict], graphs: Graphs, basis: str) -> list[dict]:
     """One row of shape and durations (µs) per timed step."""
-    rows, seen = [], set()
+    rows, seen, computed = [], set(), {}
     for s in steps:
         cpu = s.get("cpu") or {}
         requests = int(s.get("num_requests") or 0)
         row = shape_row(graphs, basis, int(s.get("prefill_tokens") or 0), int(s.get("decode_tokens") or 0),
                         requests, int(s.get("sampled", requests) or 0), _admitted(s, seen),
-                        int(s.get("kv_blocks_used") or 0) * rec.block_size)
+                        int(s.get("kv_blocks_used") or 0) * rec.block_size, _chunks(s, computed))
         row.update(step=s["step"], mode=s["mode"], compute=_dur(s["compute_us"]), compute_us=s["compute_us"])
         cpu_us = s.get("cpu_us") or {}
         for phase in ("schedule", "fill", "launch", "wait", "update"):
@@ -119,6 +124,19 @@ def step_rows(rec: Recording, steps: list[dict], graphs: Graphs, basis: str) -> 
         row["empty_queue"] = float((s.get("idle_by_cause_us") or {}).get("empty_queue", 0.0))
         rows.append(row)
     return rows
+
+
+def _chunks(step: dict, computed: dict) -> list[tuple[int, int]]:
+    """The step's prompt chunks as (tokens of its request computed before it, chunk length), from the requests'
+    tokens so far (`computed`, kept across the steps: a chunk adds its length, a decode row one, a preemption
+    starts the request over). Traces without `prefill_tokens_by_request` give none."""
+    by_request = step.get("prefill_tokens_by_request") or {}
+    chunks = [(computed.get(rid, 0), int(n)) for rid, n in by_request.items()]
+    for rid in step.get("request_ids") or []:
+        computed[rid] = computed.get(rid, 0) + int(by_request.get(rid, 1))
+    for rid in step.get("preempted") or []:
+        computed[rid] = 0
+    return chunks
 
 
 def _admitted(step: dict, seen: set) -> int:

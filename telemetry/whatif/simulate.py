@@ -131,7 +131,8 @@ class VirtualEngine:
         decode = sum(1 for s in plan.seqs if s.is_decode)
         return shape_row(self.graphs, self.model.basis, plan.num_tokens - decode, decode, len(plan.seqs),
                          len(plan.sampled), sum(1 for s in plan.seqs if s.start == 0),
-                         self.allocator.num_used * self.config.block_size)
+                         self.allocator.num_used * self.config.block_size,
+                         [(s.start, s.num_tokens) for s in plan.seqs if not s.is_decode])
 
     def _phase(self, name: str, shape: dict) -> float:
         f = self.model.host[self.mode].get(name)
