@@ -1,6 +1,6 @@
 """Score today's model against runs already made: each `--verify` JSON holds the settings and the measured
-figures of a real run of the recording's load; predict those settings again and print the errors beside the ones
-the JSON was written with.
+figures of a real run of the recording's load; predict those settings again, score the new prediction against the
+same measurement (the scoring --verify uses) and print its errors beside the ones the JSON was written with.
 
     python benchmarks/whatif_rescore.py RECORDING VERIFY.json... [--json FILE]
 """
@@ -10,14 +10,15 @@ import json
 import sys
 
 from batchscope.telemetry.whatif import open_recording, parse, predict
+from batchscope.telemetry.whatif.measure import score
 
 FIGURES = (("output_tokens_per_s", None), ("ttft_ms", "p50"), ("ttft_ms", "p99"), ("itl_ms", "p50"),
            ("itl_ms", "p99"), ("tpot_ms", "p50"), ("e2e_ms", "p50"), ("e2e_ms", "p99"))
 
 
-def error(pred: dict, meas: dict, key: str, q: str | None) -> float | None:
-    p, m = (pred.get(key), meas.get(key)) if q is None else ((pred.get(key) or {}).get(q), (meas.get(key) or {}).get(q))
-    return None if p is None or not m else round(100 * (p / m - 1), 1)
+def pick(errors: dict, key: str, q: str | None) -> float | None:
+    v = errors.get(key)
+    return v if q is None else (v or {}).get(q)
 
 
 def main(argv: list[str]) -> dict:
@@ -33,12 +34,11 @@ def main(argv: list[str]) -> dict:
         pairs = [f"{k}={v}" for k, v in doc["settings"]["asked"].items()]
         now = predict(rec, parse(pairs), runs=1)
         for mode, entry in doc["modes"].items():
-            meas = entry.get("measured")
-            if not meas:
+            if not entry.get("measured"):
                 continue
-            pred = now["modes"][mode]["predicted"]
-            row = {f"{k}{'_' + q if q else ''}": {"then": error(entry["predicted"], meas, k, q),
-                                                  "now": error(pred, meas, k, q)} for k, q in FIGURES}
+            rescored = score(now["modes"][mode], entry["measured"])
+            row = {f"{k}{'_' + q if q else ''}": {"then": pick(entry["error_pct"], k, q),
+                                                  "now": pick(rescored["error_pct"], k, q)} for k, q in FIGURES}
             out["settings"][" ".join(pairs)] = row
             print(f"{' '.join(pairs):<24} " + "  ".join(f"{name} {v['then']:+.1f}->{v['now']:+.1f}"
                                                           for name, v in row.items() if v["now"] is not None))
