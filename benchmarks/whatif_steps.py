@@ -4,7 +4,8 @@
 
 Runs the prediction's virtual engine once (seed 0) on RECORDING with the settings, and sets its steps beside the
 MEASURED run's (a timeline of the same load with those settings): step count, mean decode rows, prompt tokens,
-mean device ms per step, steps carrying a chunk. docs/whatif.md quotes it for the H200's 40 req/s rows."""
+mean device ms per step, steps carrying a chunk, KV blocks, requests and queue depth a step, preemptions.
+docs/whatif.md quotes it for the H200's 40 req/s rows and the CPU's preemption case."""
 from __future__ import annotations
 
 import json
@@ -24,7 +25,11 @@ def step_stats(steps: list[dict]) -> dict:
     return {"steps": len(steps), "decode_rows_mean": round(statistics.mean(s["decode_tokens"] for s in steps), 2),
             "prefill_tokens": sum(s["prefill_tokens"] for s in steps),
             "device_ms_mean": round(statistics.mean((s["compute_us"][1] - s["compute_us"][0]) / 1000 for s in timed), 3),
-            "steps_with_prefill": sum(1 for s in steps if s["prefill_tokens"])}
+            "steps_with_prefill": sum(1 for s in steps if s["prefill_tokens"]),
+            "kv_blocks_mean": round(statistics.mean(s["kv_blocks_used"] for s in steps), 2),
+            "requests_mean": round(statistics.mean(s["num_requests"] for s in steps), 2),
+            "queue_depth_mean": round(statistics.mean(s["queue_depth"] for s in steps), 2),
+            "preemptions": sum(len(s.get("preempted") or []) for s in steps)}
 
 
 def main(argv: list[str]) -> dict:
